@@ -1,0 +1,113 @@
+//! Canonical JSON after RFC 8785 (JCS): sorted keys, no insignificant whitespace, numbers and
+//! strings in one normal form, so that the same request serialised by another library, with
+//! another field order or with `1.0` for `1`, has the same fingerprint.
+//!
+//! One deliberate deviation: integers that do not fit an IEEE double exactly (beyond ±2^53)
+//! are written with all their digits instead of being rounded, so two different large
+//! amounts can never share a fingerprint.
+
+use serde_json::{Number, Value};
+
+/// Appends the canonical form of `value` to `out`.
+pub fn write_canonical(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
+        Value::Number(n) => write_number(n, out),
+        Value::String(s) => write_string(s, out),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(b']');
+        }
+        Value::Object(map) => {
+            // JCS orders members by the UTF-16 code units of their names.
+            let mut members: Vec<(&String, &Value)> = map.iter().collect();
+            members.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+            out.push(b'{');
+            for (i, (name, item)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_string(name, out);
+                out.push(b':');
+                write_canonical(item, out);
+            }
+            out.push(b'}');
+        }
+    }
+}
+
+/// The canonical form of `value` as bytes.
+pub fn to_canonical(value: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_number(n: &Number, out: &mut Vec<u8>) {
+    if let Some(i) = n.as_i64() {
+        out.extend_from_slice(i.to_string().as_bytes());
+    } else if let Some(u) = n.as_u64() {
+        out.extend_from_slice(u.to_string().as_bytes());
+    } else if let Some(f) = n.as_f64() {
+        if f == 0.0 {
+            // ECMAScript prints -0 as 0.
+            out.push(b'0');
+        } else {
+            let mut buffer = ryu_js::Buffer::new();
+            out.extend_from_slice(buffer.format_finite(f).as_bytes());
+        }
+    }
+}
+
+/// JCS string escaping is exactly what serde_json does: `"`, `\` and control characters,
+/// the short forms where they exist and lowercase `\u00xx` otherwise; everything else as is.
+fn write_string(s: &str, out: &mut Vec<u8>) {
+    // Serialising a &str into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canon(text: &str) -> String {
+        let value: Value = serde_json::from_str(text).unwrap();
+        String::from_utf8(to_canonical(&value)).unwrap()
+    }
+
+    /// Key order and whitespace do not matter.
+    #[test]
+    fn sorts_and_strips() {
+        assert_eq!(canon(r#"{ "b" : 1, "a" : [ true , null ] }"#), r#"{"a":[true,null],"b":1}"#);
+    }
+
+    /// Equivalent number spellings meet in one form (RFC 8785 §3.2.2.3 examples).
+    #[test]
+    fn numbers_normalise() {
+        assert_eq!(canon("[1.0, 1e0, 10E-1, -0, 0.0]"), "[1,1,1,0,0]");
+        assert_eq!(canon("[1e21, 1e-7, 123.456, 4.50]"), "[1e+21,1e-7,123.456,4.5]");
+        assert_eq!(canon("100000000000000000000"), "100000000000000000000");
+        assert_eq!(canon("[9007199254740993, 18446744073709551615]"), "[9007199254740993,18446744073709551615]");
+    }
+
+    /// Strings keep their characters and escape only what JSON requires.
+    #[test]
+    fn strings_escape_minimally() {
+        assert_eq!(canon(r#""\u00e9\u20ac\/\u001f\n""#), "\"é€/\\u001f\\n\"");
+    }
+
+    /// Member names sort by UTF-16 code units, not by UTF-8 bytes (RFC 8785 §3.2.3).
+    #[test]
+    fn utf16_order() {
+        // U+FB33 sorts after U+1F600 in UTF-8 but before it in UTF-16 (surrogates are D8xx).
+        assert_eq!(canon("{\"\u{fb33}\":1,\"\u{1f600}\":2}"), "{\"\u{1f600}\":2,\"\u{fb33}\":1}");
+    }
+}

@@ -1,0 +1,460 @@
+//! `FileConfig` → `Config`: defaults, meaning and every cross-field check, with errors that
+//! name the offending key (`routes[1].lease: ...`).
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+
+use super::file::{FileConfig, FileOnConflict, FilePolicy, FileRoute};
+use super::model::*;
+use super::units::format_duration;
+use crate::route::{PathPattern, RouteTable};
+
+/// Values given on the command line or in the environment; they win over the file.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub upstream: Option<String>,
+    pub database_url: Option<String>,
+}
+
+/// Collects every problem instead of stopping at the first, so one `check-config` run shows
+/// them all.
+#[derive(Default)]
+struct Problems(Vec<String>);
+
+impl Problems {
+    fn push(&mut self, key: impl AsRef<str>, message: impl AsRef<str>) {
+        self.0.push(format!("{}: {}", key.as_ref(), message.as_ref()));
+    }
+}
+
+/// Headers a proxy must never store, replay or use as a key header.
+pub(crate) const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn apply_overrides(file: &mut FileConfig, overrides: &Overrides) {
+    if let Some(listen) = &overrides.listen {
+        file.listen = Some(listen.clone());
+    }
+    if let Some(url) = &overrides.upstream {
+        file.upstream.get_or_insert_with(Default::default).url = Some(url.clone());
+    }
+    if let Some(url) = &overrides.database_url {
+        let store = file.store.get_or_insert_with(Default::default);
+        store.embedded = None;
+        store.postgres.get_or_insert_with(Default::default).url = Some(url.clone());
+    }
+}
+
+/// Only the store section, for commands that need nothing else (`migrate`).
+pub(crate) fn build_store_only(mut file: FileConfig, overrides: &Overrides) -> Result<StoreConfig, Vec<String>> {
+    apply_overrides(&mut file, overrides);
+    let mut problems = Problems::default();
+    match build_store(&mut problems, &file) {
+        Some(store) if problems.0.is_empty() => Ok(store),
+        _ => Err(problems.0),
+    }
+}
+
+pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Config, Vec<String>> {
+    let mut problems = Problems::default();
+    apply_overrides(&mut file, overrides);
+
+    let listen = parse_addr(&mut problems, "listen", file.listen.as_deref(), DEFAULT_LISTEN);
+    let admin_listen = parse_addr(
+        &mut problems,
+        "admin_listen",
+        file.admin_listen.as_deref(),
+        DEFAULT_ADMIN_LISTEN,
+    );
+    let upstream = build_upstream(&mut problems, &file);
+    let store = build_store(&mut problems, &file);
+    let client_id = build_client_id(&mut problems, &file);
+    let shutdown_grace = file.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0);
+
+    let store_timeout = store.as_ref().map_or(DEFAULT_STORE_TIMEOUT, StoreConfig::timeout);
+    let defaults = file.defaults.unwrap_or_default();
+    let base = merge_policy(&mut problems, "defaults", None, &defaults, store_timeout);
+
+    let implicit_routes = file.routes.is_none();
+    let routes = match (&file.routes, &base) {
+        (None, Some(base)) => vec![Route {
+            name: "default".into(),
+            methods: vec![Method::POST, Method::PATCH],
+            pattern: PathPattern::parse("/*").expect("constant pattern is valid"),
+            policy: base.clone(),
+        }],
+        (Some(routes), Some(base)) => build_routes(&mut problems, routes, base, store_timeout),
+        (_, None) => Vec::new(),
+    };
+
+    match (listen, admin_listen, upstream, store, client_id) {
+        (Some(listen), Some(admin_listen), Some(upstream), Some(store), Some(client_id))
+            if problems.0.is_empty() =>
+        {
+            Ok(Config {
+                listen,
+                admin_listen,
+                upstream,
+                store,
+                client_id,
+                routes: RouteTable::new(routes),
+                shutdown_grace,
+                implicit_routes,
+            })
+        }
+        _ => Err(problems.0),
+    }
+}
+
+fn parse_addr(p: &mut Problems, key: &str, value: Option<&str>, default: &str) -> Option<SocketAddr> {
+    let text = value.unwrap_or(default);
+    match text.parse() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            p.push(key, format!("`{text}` is not an address like 127.0.0.1:8080"));
+            None
+        }
+    }
+}
+
+fn build_upstream(p: &mut Problems, file: &FileConfig) -> Option<UpstreamConfig> {
+    let up = file.upstream.as_ref();
+    let Some(url) = up.and_then(|u| u.url.as_deref()) else {
+        p.push("upstream.url", "required (or pass --upstream http://host:port)");
+        return None;
+    };
+    let uri: http::Uri = match url.parse() {
+        Ok(uri) => uri,
+        Err(e) => {
+            p.push("upstream.url", format!("`{url}` is not a URL: {e}"));
+            return None;
+        }
+    };
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            p.push("upstream.url", "https upstreams are not supported yet; use http://");
+            return None;
+        }
+        _ => {
+            p.push("upstream.url", format!("`{url}` must start with http://"));
+            return None;
+        }
+    }
+    let Some(authority) = uri.authority().cloned() else {
+        p.push("upstream.url", format!("`{url}` has no host"));
+        return None;
+    };
+    if uri.query().is_some() {
+        p.push("upstream.url", "must not carry a query string");
+        return None;
+    }
+    let origin = http::Uri::builder()
+        .scheme("http")
+        .authority(authority)
+        .path_and_query("/")
+        .build()
+        .ok()?;
+    let connect_timeout = up.and_then(|u| u.connect_timeout).map_or(DEFAULT_CONNECT_TIMEOUT, |d| d.0);
+    let timeout = up.and_then(|u| u.timeout).map_or(DEFAULT_UPSTREAM_TIMEOUT, |d| d.0);
+    if timeout.is_zero() {
+        p.push("upstream.timeout", "must be more than 0s");
+    }
+    Some(UpstreamConfig {
+        origin,
+        base_path: uri.path().trim_end_matches('/').to_owned(),
+        connect_timeout,
+        timeout,
+    })
+}
+
+fn build_store(p: &mut Problems, file: &FileConfig) -> Option<StoreConfig> {
+    let store = file.store.as_ref();
+    match (store.and_then(|s| s.postgres.as_ref()), store.and_then(|s| s.embedded.as_ref())) {
+        (Some(_), Some(_)) => {
+            p.push("store", "configure either `postgres` or `embedded`, not both");
+            None
+        }
+        (Some(pg), None) => {
+            let Some(url) = pg.url.clone() else {
+                p.push("store.postgres.url", "required (or set DATABASE_URL / --database-url)");
+                return None;
+            };
+            if let Err(e) = url.parse::<tokio_postgres::Config>() {
+                p.push("store.postgres.url", format!("not a PostgreSQL URL: {e}"));
+                return None;
+            }
+            let pool_size = pg.pool_size.unwrap_or(DEFAULT_POOL_SIZE);
+            if pool_size == 0 {
+                p.push("store.postgres.pool_size", "must be at least 1");
+            }
+            let timeout = pg.timeout.map_or(DEFAULT_STORE_TIMEOUT, |d| d.0);
+            if timeout.is_zero() {
+                p.push("store.postgres.timeout", "must be more than 0s");
+            }
+            Some(StoreConfig::Postgres(PostgresConfig {
+                url,
+                pool_size,
+                connect_timeout: pg.connect_timeout.map_or(DEFAULT_CONNECT_TIMEOUT, |d| d.0),
+                timeout,
+            }))
+        }
+        (None, embedded) => Some(StoreConfig::Embedded {
+            path: PathBuf::from(
+                embedded
+                    .and_then(|e| e.path.clone())
+                    .unwrap_or_else(|| DEFAULT_EMBEDDED_PATH.into()),
+            ),
+        }),
+    }
+}
+
+fn build_client_id(p: &mut Problems, file: &FileConfig) -> Option<ClientIdSource> {
+    let Some(c) = &file.client_id else {
+        return Some(ClientIdSource::Static("default".into()));
+    };
+    let given = [c.header.is_some(), c.authorization.is_some(), c.static_name.is_some()];
+    if given.iter().filter(|g| **g).count() != 1 {
+        p.push("client_id", "set exactly one of `header`, `authorization` or `static`");
+        return None;
+    }
+    if let Some(h) = &c.header {
+        return match HeaderName::from_bytes(h.as_bytes()) {
+            Ok(name) => Some(ClientIdSource::Header(name)),
+            Err(_) => {
+                p.push("client_id.header", format!("`{h}` is not a header name"));
+                None
+            }
+        };
+    }
+    if let Some(a) = &c.authorization {
+        if a != "sha256" {
+            p.push("client_id.authorization", format!("`{a}`: the only supported value is `sha256`"));
+            return None;
+        }
+        return Some(ClientIdSource::AuthorizationSha256);
+    }
+    let name = c.static_name.clone().unwrap_or_default();
+    if name.is_empty() || !crate::proxy::is_visible_ascii(&name) {
+        p.push("client_id.static", "must be a non-empty printable ASCII name");
+        return None;
+    }
+    Some(ClientIdSource::Static(name))
+}
+
+fn build_routes(p: &mut Problems, routes: &[FileRoute], base: &Policy, store_timeout: Duration) -> Vec<Route> {
+    let mut names = HashSet::new();
+    let mut out = Vec::new();
+    for (i, r) in routes.iter().enumerate() {
+        let at = format!("routes[{i}]");
+        let Some(name) = r.name.clone().filter(|n| !n.is_empty()) else {
+            p.push(format!("{at}.name"), "required");
+            continue;
+        };
+        if !names.insert(name.clone()) {
+            p.push(format!("{at}.name"), format!("`{name}` is used by an earlier route; names must be unique"));
+        }
+        let pattern = match r.path.as_deref().map(PathPattern::parse) {
+            Some(Ok(pattern)) => Some(pattern),
+            Some(Err(e)) => {
+                p.push(format!("{at}.path"), e);
+                None
+            }
+            None => {
+                p.push(format!("{at}.path"), "required");
+                None
+            }
+        };
+        let methods = match &r.methods {
+            None => vec![Method::POST],
+            Some(list) if list.is_empty() => {
+                p.push(format!("{at}.methods"), "must list at least one method");
+                Vec::new()
+            }
+            Some(list) => list
+                .iter()
+                .filter_map(|m| match Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+                    Ok(method) => Some(method),
+                    Err(_) => {
+                        p.push(format!("{at}.methods"), format!("`{m}` is not an HTTP method"));
+                        None
+                    }
+                })
+                .collect(),
+        };
+        let own = route_policy(r);
+        let policy = merge_policy(p, &at, Some(base), &own, store_timeout);
+        if let (Some(pattern), Some(policy)) = (pattern, policy) {
+            out.push(Route { name, methods, pattern, policy });
+        }
+    }
+    out
+}
+
+/// The policy part of a route entry, in the shape of `defaults:`.
+fn route_policy(r: &FileRoute) -> FilePolicy {
+    FilePolicy {
+        key_header: r.key_header.clone(),
+        upstream_key_header: r.upstream_key_header.clone(),
+        lease: r.lease,
+        retention: r.retention,
+        max_body: r.max_body,
+        max_stored_response: r.max_stored_response,
+        require_key: r.require_key,
+        on_conflict: r.on_conflict.as_ref().map(|c| match c {
+            FileOnConflict::Word(w) => FileOnConflict::Word(w.clone()),
+            FileOnConflict::Wait(w) => FileOnConflict::Wait(super::file::FileWait { wait: w.wait }),
+        }),
+        store_headers: r.store_headers.clone(),
+        release_on: r.release_on.clone(),
+        fingerprint: r.fingerprint.as_ref().map(|f| super::file::FileFingerprint { fields: f.fields.clone() }),
+    }
+}
+
+fn header_name(p: &mut Problems, key: String, value: &str) -> Option<HeaderName> {
+    match HeaderName::from_bytes(value.as_bytes()) {
+        Ok(name) if HOP_BY_HOP.contains(&name.as_str()) => {
+            p.push(key, format!("`{value}` is a hop-by-hop header and cannot be used here"));
+            None
+        }
+        Ok(name) => Some(name),
+        Err(_) => {
+            p.push(key, format!("`{value}` is not a header name"));
+            None
+        }
+    }
+}
+
+/// Merges `own` over `base` (or over the built-in defaults when `base` is `None`).
+fn merge_policy(
+    p: &mut Problems,
+    at: &str,
+    base: Option<&Policy>,
+    own: &FilePolicy,
+    store_timeout: Duration,
+) -> Option<Policy> {
+    let before = p.0.len();
+    let default_key = HeaderName::from_static(DEFAULT_KEY_HEADER);
+    let key_header = match &own.key_header {
+        Some(h) => header_name(p, format!("{at}.key_header"), h),
+        None => Some(base.map_or(default_key.clone(), |b| b.key_header.clone())),
+    };
+    let upstream_key_header = match &own.upstream_key_header {
+        Some(h) => header_name(p, format!("{at}.upstream_key_header"), h),
+        None => Some(base.map_or(default_key, |b| b.upstream_key_header.clone())),
+    };
+    let lease = own.lease.map(|d| d.0).or(base.map(|b| b.lease)).unwrap_or(DEFAULT_LEASE);
+    let retention = own
+        .retention
+        .map(|d| d.0)
+        .or(base.map(|b| b.retention))
+        .unwrap_or(DEFAULT_RETENTION);
+    let min_lease = (store_timeout * 3).max(Duration::from_secs(1));
+    if lease < min_lease {
+        p.push(
+            format!("{at}.lease"),
+            format!(
+                "{} is too short to be renewed in time: it must be at least {} (3 × the store timeout of {}, and 1s at least)",
+                format_duration(lease),
+                format_duration(min_lease),
+                format_duration(store_timeout)
+            ),
+        );
+    }
+    if retention <= lease {
+        p.push(
+            format!("{at}.retention"),
+            format!(
+                "{} must be longer than the lease ({})",
+                format_duration(retention),
+                format_duration(lease)
+            ),
+        );
+    }
+    let max_body = own.max_body.map(|s| s.0).or(base.map(|b| b.max_body)).unwrap_or(DEFAULT_MAX_BODY);
+    let max_stored_response = own
+        .max_stored_response
+        .map(|s| s.0)
+        .or(base.map(|b| b.max_stored_response))
+        .unwrap_or(DEFAULT_MAX_STORED_RESPONSE);
+    for (name, value) in [("max_body", max_body), ("max_stored_response", max_stored_response)] {
+        if value == 0 {
+            p.push(format!("{at}.{name}"), "must be more than 0");
+        } else if value > 1 << 30 {
+            p.push(format!("{at}.{name}"), "must be at most 1GiB");
+        }
+    }
+    let require_key = own.require_key.or(base.map(|b| b.require_key)).unwrap_or(false);
+    let on_conflict = match &own.on_conflict {
+        None => base.map_or(OnConflict::Reject, |b| b.on_conflict),
+        Some(FileOnConflict::Word(w)) if w == "reject" => OnConflict::Reject,
+        Some(FileOnConflict::Word(w)) => {
+            p.push(format!("{at}.on_conflict"), format!("`{w}`: use `reject` or `{{ wait: 5s }}`"));
+            OnConflict::Reject
+        }
+        Some(FileOnConflict::Wait(w)) => OnConflict::Wait(w.wait.0),
+    };
+    let fingerprint_fields = match own.fingerprint.as_ref().and_then(|f| f.fields.as_ref()) {
+        Some(fields) => {
+            if fields.is_empty() {
+                p.push(format!("{at}.fingerprint.fields"), "list at least one JSON Pointer, or leave it out to fingerprint the whole body");
+            }
+            for (i, field) in fields.iter().enumerate() {
+                if let Err(e) = crate::fingerprint::check_pointer(field) {
+                    p.push(format!("{at}.fingerprint.fields[{i}]"), e);
+                }
+            }
+            Some(fields.clone())
+        }
+        None => base.and_then(|b| b.fingerprint_fields.clone()),
+    };
+    let store_headers = match &own.store_headers {
+        Some(list) => list
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| header_name(p, format!("{at}.store_headers[{i}]"), h))
+            .collect(),
+        None => base.map(|b| b.store_headers.clone()).unwrap_or_default(),
+    };
+    let release_on = match &own.release_on {
+        Some(list) => {
+            for (i, code) in list.iter().enumerate() {
+                if !(100..=599).contains(code) {
+                    p.push(format!("{at}.release_on[{i}]"), format!("{code} is not an HTTP status"));
+                }
+            }
+            list.clone()
+        }
+        None => base.map(|b| b.release_on.clone()).unwrap_or_default(),
+    };
+    if p.0.len() != before {
+        return None;
+    }
+    Some(Policy {
+        key_header: key_header?,
+        upstream_key_header: upstream_key_header?,
+        lease,
+        retention,
+        max_body,
+        max_stored_response,
+        require_key,
+        on_conflict,
+        fingerprint_fields,
+        store_headers,
+        release_on,
+    })
+}

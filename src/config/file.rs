@@ -1,0 +1,126 @@
+//! The YAML file as written: every field optional, unknown keys rejected.
+//!
+//! This layer only describes shape; meaning and defaults are applied when it is turned
+//! into a [`super::Config`], so that one place names the offending key for every error.
+
+use serde::Deserialize;
+
+use super::units::{HumanDuration, HumanSize};
+
+/// The whole configuration file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<String>,
+    pub admin_listen: Option<String>,
+    pub upstream: Option<FileUpstream>,
+    pub store: Option<FileStore>,
+    pub client_id: Option<FileClientId>,
+    pub defaults: Option<FilePolicy>,
+    pub routes: Option<Vec<FileRoute>>,
+    pub shutdown_grace: Option<HumanDuration>,
+}
+
+/// `upstream:`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileUpstream {
+    pub url: Option<String>,
+    pub connect_timeout: Option<HumanDuration>,
+    pub timeout: Option<HumanDuration>,
+}
+
+/// `store:` — exactly one of the two backends.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileStore {
+    pub postgres: Option<FilePostgres>,
+    pub embedded: Option<FileEmbedded>,
+}
+
+/// `store.postgres:`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilePostgres {
+    pub url: Option<String>,
+    pub pool_size: Option<usize>,
+    pub connect_timeout: Option<HumanDuration>,
+    pub timeout: Option<HumanDuration>,
+}
+
+/// `store.embedded:`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileEmbedded {
+    pub path: Option<String>,
+}
+
+/// `client_id:` — exactly one source.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileClientId {
+    pub header: Option<String>,
+    pub authorization: Option<String>,
+    #[serde(rename = "static")]
+    pub static_name: Option<String>,
+}
+
+/// `on_conflict: reject` or `on_conflict: { wait: 5s }`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum FileOnConflict {
+    Word(String),
+    Wait(FileWait),
+}
+
+/// The `{ wait: 5s }` form of `on_conflict`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileWait {
+    pub wait: HumanDuration,
+}
+
+/// `fingerprint:` on a route.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileFingerprint {
+    pub fields: Option<Vec<String>>,
+}
+
+/// The knobs shared by `defaults:` and each route. Kept as one macro so the two lists can
+/// never drift apart (serde's `flatten` cannot be combined with `deny_unknown_fields`).
+macro_rules! policy_struct {
+    ($(#[$meta:meta])* $name:ident { $($extra:ident : $ty:ty,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $(pub $extra: $ty,)*
+            pub key_header: Option<String>,
+            pub upstream_key_header: Option<String>,
+            pub lease: Option<HumanDuration>,
+            pub retention: Option<HumanDuration>,
+            pub max_body: Option<HumanSize>,
+            pub max_stored_response: Option<HumanSize>,
+            pub require_key: Option<bool>,
+            pub on_conflict: Option<FileOnConflict>,
+            pub store_headers: Option<Vec<String>>,
+            pub release_on: Option<Vec<u16>>,
+            pub fingerprint: Option<FileFingerprint>,
+        }
+    };
+}
+
+policy_struct!(
+    /// `defaults:` — applies to every route that does not override it.
+    FilePolicy {}
+);
+
+policy_struct!(
+    /// One entry of `routes:`.
+    FileRoute {
+        name: Option<String>,
+        methods: Option<Vec<String>>,
+        path: Option<String>,
+    }
+);

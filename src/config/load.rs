@@ -1,0 +1,177 @@
+//! Reading the YAML file: text → YAML → a JSON value → [`FileConfig`], so that
+//! `serde_path_to_error` can name the exact key that is wrong.
+
+use std::path::Path;
+
+use super::build::{Overrides, build, build_store_only};
+use super::file::FileConfig;
+use super::model::{Config, StoreConfig};
+
+/// Why a configuration could not be loaded. Each message names the key it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Syntax(String),
+    #[error("invalid configuration:\n  {}", .0.join("\n  "))]
+    Invalid(Vec<String>),
+}
+
+/// Parses YAML text into the file layer only (no defaults, no validation).
+pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
+    if text.trim().is_empty() {
+        return Ok(FileConfig::default());
+    }
+    let value: serde_json::Value =
+        serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax(format!("YAML syntax: {e}")))?;
+    if value.is_null() {
+        return Ok(FileConfig::default());
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            ConfigError::Syntax(e.inner().to_string())
+        } else {
+            ConfigError::Syntax(format!("{path}: {}", e.inner()))
+        }
+    })
+}
+
+/// Loads a configuration from YAML text, with overrides applied on top.
+pub fn load_str(text: &str, overrides: &Overrides) -> Result<Config, ConfigError> {
+    build(parse_file(text)?, overrides).map_err(ConfigError::Invalid)
+}
+
+fn read(path: Option<&Path>) -> Result<String, ConfigError> {
+    match path {
+        Some(path) => std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        }),
+        None => Ok(String::new()),
+    }
+}
+
+/// Loads a configuration from an optional file, with overrides applied on top.
+pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+    load_str(&read(path)?, overrides)
+}
+
+/// Loads only the store settings (for `idemproxy migrate`, which needs no upstream).
+pub fn load_store(path: Option<&Path>, overrides: &Overrides) -> Result<StoreConfig, ConfigError> {
+    build_store_only(parse_file(&read(path)?)?, overrides).map_err(ConfigError::Invalid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ClientIdSource, OnConflict, StoreConfig};
+
+    const UP: &str = "upstream:\n  url: http://127.0.0.1:3000\n";
+
+    fn err(text: &str) -> String {
+        load_str(text, &Overrides::default()).unwrap_err().to_string()
+    }
+
+    /// The design document's example parses and means what it says.
+    #[test]
+    fn design_example_parses() {
+        let text = r#"
+listen: 127.0.0.1:8080
+admin_listen: 127.0.0.1:9090
+upstream:
+  url: http://127.0.0.1:3000
+  connect_timeout: 2s
+  timeout: 20s
+store:
+  postgres:
+    url: postgres://postgres@127.0.0.1:5432/idemproxy
+    pool_size: 16
+client_id:
+  header: X-Client-Id
+defaults:
+  key_header: Idempotency-Key
+  upstream_key_header: Idempotency-Key
+  lease: 30s
+  retention: 24h
+  max_body: 1MiB
+  max_stored_response: 1MiB
+  require_key: false
+  on_conflict: reject
+routes:
+  - name: create-payment
+    methods: [POST]
+    path: /payments
+    require_key: true
+    on_conflict: { wait: 5s }
+    fingerprint:
+      fields: [/amount, /currency, /recipient, /purpose]
+  - name: refund
+    methods: [POST]
+    path: /payments/{id}/refunds
+"#;
+        let c = load_str(text, &Overrides::default()).unwrap();
+        assert!(matches!(c.store, StoreConfig::Postgres(ref pg) if pg.pool_size == 16));
+        assert_eq!(c.client_id, ClientIdSource::Header(http::HeaderName::from_static("x-client-id")));
+        let routes = c.routes.routes();
+        assert_eq!(routes.len(), 2);
+        assert!(routes[0].policy.require_key);
+        assert_eq!(routes[0].policy.on_conflict, OnConflict::Wait(std::time::Duration::from_secs(5)));
+        assert_eq!(routes[0].policy.fingerprint_fields.as_ref().unwrap().len(), 4);
+        assert!(!routes[1].policy.require_key);
+        assert_eq!(routes[1].policy.lease, std::time::Duration::from_secs(30));
+    }
+
+    /// An unknown key is an error that names its full path.
+    #[test]
+    fn unknown_keys_name_their_path() {
+        let e = err(&format!("{UP}routes:\n  - name: a\n    path: /a\n    fingerprint:\n      feilds: [/a]\n"));
+        assert!(e.contains("routes[0].fingerprint"), "{e}");
+        assert!(e.contains("feilds"), "{e}");
+        let e = err(&format!("{UP}defaults:\n  leese: 3s\n"));
+        assert!(e.contains("defaults") && e.contains("leese"), "{e}");
+    }
+
+    /// Impossible settings are rejected with the key named.
+    #[test]
+    fn impossible_settings_are_rejected() {
+        let e = err(&format!("{UP}defaults:\n  lease: 2s\n"));
+        assert!(e.contains("defaults.lease") && e.contains("too short"), "{e}");
+        let e = err(&format!("{UP}defaults:\n  lease: 1h\n  retention: 30m\n"));
+        assert!(e.contains("defaults.retention"), "{e}");
+        let e = err(&format!("{UP}routes:\n  - name: a\n    path: /a\n  - name: a\n    path: /b\n"));
+        assert!(e.contains("routes[1].name") && e.contains("unique"), "{e}");
+        let e = err(&format!("{UP}routes:\n  - name: a\n    path: /a\n    fingerprint: {{ fields: [amount] }}\n"));
+        assert!(e.contains("routes[0].fingerprint.fields[0]"), "{e}");
+        let e = err("listen: nowhere\n");
+        assert!(e.contains("listen") && e.contains("upstream.url"), "{e}");
+    }
+
+    /// Durations must carry a unit.
+    #[test]
+    fn durations_need_units() {
+        let e = err(&format!("{UP}defaults:\n  lease: 30\n"));
+        assert!(e.contains("defaults.lease") && e.contains("unit"), "{e}");
+    }
+
+    /// With no file at all, `--upstream` alone yields a runnable embedded configuration
+    /// protecting every POST and PATCH.
+    #[test]
+    fn overrides_alone_are_enough() {
+        let o = Overrides { upstream: Some("http://127.0.0.1:3000".into()), ..Default::default() };
+        let c = load(None, &o).unwrap();
+        assert!(matches!(c.store, StoreConfig::Embedded { .. }));
+        assert!(c.implicit_routes);
+        assert!(c.routes.lookup(&http::Method::POST, "/anything").is_some());
+        assert!(c.routes.lookup(&http::Method::GET, "/anything").is_none());
+        let o = Overrides { database_url: Some("postgres://u:secret@h/db".into()), ..o };
+        let c = load(None, &o).unwrap();
+        assert!(matches!(c.store, StoreConfig::Postgres(_)));
+        assert!(!c.to_string().contains("secret"));
+    }
+}

@@ -1,0 +1,13 @@
+//! Configuration: the YAML file (`file`), its units (`units`), validation (`build`) and the
+//! typed result (`model`). Only this module and `main.rs` know about files and flags.
+
+mod build;
+mod file;
+mod load;
+mod model;
+pub mod units;
+
+pub(crate) use build::HOP_BY_HOP;
+pub use build::Overrides;
+pub use load::{ConfigError, load, load_store, load_str, parse_file};
+pub use model::*;

@@ -1,0 +1,234 @@
+//! The validated, typed configuration everything below `main` works with.
+//!
+//! Nothing in here knows about files, flags or the environment; tests build a [`Config`]
+//! from YAML text through [`super::load_str`] like the binary does.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+
+use super::units::{format_duration, format_size};
+use crate::route::{PathPattern, RouteTable};
+
+/// Default proxy listener.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Default admin listener (health, readiness).
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
+/// How long a TCP connect to the upstream may take.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the upstream may take to answer, body included.
+pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(20);
+/// Connections in the PostgreSQL pool.
+pub const DEFAULT_POOL_SIZE: usize = 16;
+/// How long one store call (pool wait + statement) may take before the store counts as down.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Lease on a reserved key; renewed every third of it while the upstream call runs.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+/// How long completed keys are kept and replayed (published in the README).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// Largest request body a protected route accepts.
+pub const DEFAULT_MAX_BODY: u64 = 1 << 20;
+/// Largest upstream answer stored for replay.
+pub const DEFAULT_MAX_STORED_RESPONSE: u64 = 1 << 20;
+/// Default client and upstream idempotency key header.
+pub const DEFAULT_KEY_HEADER: &str = "idempotency-key";
+/// How long in-flight requests may take to finish after SIGTERM.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// Embedded store file when no PostgreSQL URL is configured.
+pub const DEFAULT_EMBEDDED_PATH: &str = "./idemproxy.db";
+
+/// The whole validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub upstream: UpstreamConfig,
+    pub store: StoreConfig,
+    pub client_id: ClientIdSource,
+    pub routes: RouteTable,
+    pub shutdown_grace: Duration,
+    /// Whether the route table was implied (no `routes:` in the file).
+    pub implicit_routes: bool,
+}
+
+/// Where and how requests are forwarded.
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// `scheme://authority` of the upstream.
+    pub origin: http::Uri,
+    /// A path prefix from the URL (`http://host/api` forwards `/x` to `/api/x`), without a trailing `/`.
+    pub base_path: String,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+}
+
+/// Which store backs the key table.
+#[derive(Debug, Clone)]
+pub enum StoreConfig {
+    Postgres(PostgresConfig),
+    Embedded { path: PathBuf },
+}
+
+/// PostgreSQL connection settings.
+#[derive(Clone)]
+pub struct PostgresConfig {
+    pub url: String,
+    pub pool_size: usize,
+    pub connect_timeout: Duration,
+    /// Bound on one store call; past it the store counts as unreachable.
+    pub timeout: Duration,
+}
+
+impl fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("url", &redact_url(&self.url))
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl StoreConfig {
+    /// Bound on one store call, used to check that leases can be renewed in time.
+    pub fn timeout(&self) -> Duration {
+        match self {
+            StoreConfig::Postgres(pg) => pg.timeout,
+            StoreConfig::Embedded { .. } => DEFAULT_STORE_TIMEOUT,
+        }
+    }
+}
+
+/// Where the tenant namespace of a key comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientIdSource {
+    /// A header set by a trusted auth layer in front of the proxy.
+    Header(HeaderName),
+    /// SHA-256 of the `Authorization` header: each credential is its own namespace.
+    AuthorizationSha256,
+    /// One fixed namespace (single-tenant sidecar).
+    Static(String),
+}
+
+/// What a duplicate gets while the first request is in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnConflict {
+    /// `409` with `Retry-After` at once.
+    Reject,
+    /// Hold the duplicate up to this long for the first answer, then `409`.
+    Wait(Duration),
+}
+
+/// A protected route.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: String,
+    pub methods: Vec<Method>,
+    pub pattern: PathPattern,
+    pub policy: Policy,
+}
+
+/// Per-route idempotency policy (defaults merged with the route's overrides).
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub key_header: HeaderName,
+    pub upstream_key_header: HeaderName,
+    pub lease: Duration,
+    pub retention: Duration,
+    pub max_body: u64,
+    pub max_stored_response: u64,
+    pub require_key: bool,
+    pub on_conflict: OnConflict,
+    /// JSON Pointers that define the operation; `None` fingerprints the whole body.
+    pub fingerprint_fields: Option<Vec<String>>,
+    /// Extra response headers stored and replayed besides `Content-Type` and `Location`.
+    pub store_headers: Vec<HeaderName>,
+    /// Upstream statuses after which the key is released instead of stored.
+    pub release_on: Vec<u16>,
+}
+
+/// Hides the password of a `postgres://user:password@host/db` URL.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+impl fmt::Display for Config {
+    /// The effective configuration and route table, as `check-config` prints it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "listen: {}", self.listen)?;
+        writeln!(f, "admin_listen: {}", self.admin_listen)?;
+        writeln!(f, "upstream:")?;
+        writeln!(f, "  url: {}{}", self.upstream.origin, self.upstream.base_path.trim_start_matches('/'))?;
+        writeln!(f, "  connect_timeout: {}", format_duration(self.upstream.connect_timeout))?;
+        writeln!(f, "  timeout: {}", format_duration(self.upstream.timeout))?;
+        writeln!(f, "store:")?;
+        match &self.store {
+            StoreConfig::Postgres(pg) => {
+                writeln!(f, "  postgres:")?;
+                writeln!(f, "    url: {}", redact_url(&pg.url))?;
+                writeln!(f, "    pool_size: {}", pg.pool_size)?;
+                writeln!(f, "    connect_timeout: {}", format_duration(pg.connect_timeout))?;
+                writeln!(f, "    timeout: {}", format_duration(pg.timeout))?;
+            }
+            StoreConfig::Embedded { path } => {
+                writeln!(f, "  embedded:")?;
+                writeln!(f, "    path: {}", path.display())?;
+            }
+        }
+        match &self.client_id {
+            ClientIdSource::Header(h) => writeln!(f, "client_id:\n  header: {h}")?,
+            ClientIdSource::AuthorizationSha256 => writeln!(f, "client_id:\n  authorization: sha256")?,
+            ClientIdSource::Static(name) => writeln!(f, "client_id:\n  static: {name}")?,
+        }
+        writeln!(f, "shutdown_grace: {}", format_duration(self.shutdown_grace))?;
+        if self.implicit_routes {
+            writeln!(f, "# no routes configured: every POST and PATCH carrying a key is protected")?;
+        }
+        writeln!(f, "routes:")?;
+        for route in self.routes.routes() {
+            let p = &route.policy;
+            let methods: Vec<&str> = route.methods.iter().map(Method::as_str).collect();
+            writeln!(f, "  - name: {}", route.name)?;
+            writeln!(f, "    methods: [{}]", methods.join(", "))?;
+            writeln!(f, "    path: {}", route.pattern.as_str())?;
+            writeln!(f, "    key_header: {}", p.key_header)?;
+            writeln!(f, "    upstream_key_header: {}", p.upstream_key_header)?;
+            writeln!(f, "    require_key: {}", p.require_key)?;
+            writeln!(f, "    lease: {}", format_duration(p.lease))?;
+            writeln!(f, "    retention: {}", format_duration(p.retention))?;
+            writeln!(f, "    max_body: {}", format_size(p.max_body))?;
+            writeln!(f, "    max_stored_response: {}", format_size(p.max_stored_response))?;
+            match p.on_conflict {
+                OnConflict::Reject => writeln!(f, "    on_conflict: reject")?,
+                OnConflict::Wait(d) => writeln!(f, "    on_conflict: {{ wait: {} }}", format_duration(d))?,
+            }
+            match &p.fingerprint_fields {
+                Some(fields) => writeln!(f, "    fingerprint: {{ fields: [{}] }}", fields.join(", "))?,
+                None => writeln!(f, "    fingerprint: whole body")?,
+            }
+            let stored: Vec<&str> = ["content-type", "location"]
+                .into_iter()
+                .chain(p.store_headers.iter().map(HeaderName::as_str))
+                .collect();
+            writeln!(f, "    store_headers: [{}]", stored.join(", "))?;
+            if !p.release_on.is_empty() {
+                let codes: Vec<String> = p.release_on.iter().map(u16::to_string).collect();
+                writeln!(f, "    release_on: [{}]", codes.join(", "))?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,26 @@
+//! idemproxy: an HTTP reverse proxy that enforces `Idempotency-Key` semantics in front of
+//! any backend, so that a client's retry can never execute an operation twice.
+//!
+//! A protected request's `(client_id, key)` is reserved in the store *before* it is
+//! forwarded (a unique index picks the winner among concurrent duplicates), held with a
+//! renewed lease, forwarded with a derived `client_id:key` header, and its answer — errors
+//! included — is stored under a fencing token and replayed to every retry.
+//!
+//! # Layout
+//! - [`config`]: YAML file → validated [`config::Config`]; the only module that knows files.
+//! - [`route`]: path patterns and the route table.
+//! - [`fingerprint`] and [`canonical`]: what makes two requests the same operation.
+//! - [`store`]: the key table ([`store::KeyStore`]) and its PostgreSQL implementation.
+//! - [`proxy`]: the request path — pass-through, protection, detached execution.
+//! - [`problem`]: every error the proxy answers itself, as RFC 9457 problem+json.
+//! - [`server`]: accept loop and graceful drain; [`shutdown`]: the stop signal.
+
+pub mod canonical;
+pub mod config;
+pub mod fingerprint;
+pub mod problem;
+pub mod proxy;
+pub mod route;
+pub mod server;
+pub mod shutdown;
+pub mod store;

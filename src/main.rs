@@ -1,0 +1,157 @@
+//! The `idemproxy` binary: parse the command line, set up logging, load the configuration,
+//! build the store, bind, and hand over to the library.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use idemproxy::config::{self, Config, Overrides, StoreConfig};
+use idemproxy::proxy::Proxy;
+use idemproxy::store::{KeyStore, PgStore, migrate};
+use tokio::net::TcpListener;
+
+/// An HTTP reverse proxy that makes retried requests safe with Idempotency-Key semantics.
+#[derive(Parser)]
+#[command(name = "idemproxy", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct Common {
+    /// YAML configuration file.
+    #[arg(long, global = true, env = "IDEMPROXY_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on (overrides `listen`).
+    #[arg(long, global = true)]
+    listen: Option<String>,
+    /// Upstream URL (overrides `upstream.url`).
+    #[arg(long, global = true)]
+    upstream: Option<String>,
+    /// PostgreSQL URL (overrides `store`; selects the PostgreSQL store).
+    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Apply database migrations before serving.
+    #[arg(long, global = true)]
+    migrate: bool,
+    /// Log format; the level comes from RUST_LOG (default `info`).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy (the default).
+    Serve,
+    /// Apply the database migrations and exit.
+    Migrate,
+    /// Print the effective configuration and route table, or the errors.
+    CheckConfig,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.common.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("idemproxy: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idemproxy: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let common = cli.common;
+    let overrides = Overrides {
+        listen: common.listen.clone(),
+        upstream: common.upstream.clone(),
+        database_url: common.database_url.clone(),
+    };
+    let command = cli.command.unwrap_or(Command::Serve);
+    if let Command::CheckConfig = command {
+        let config = config::load(common.config.as_deref(), &overrides)?;
+        print!("{config}");
+        return Ok(());
+    }
+    if let Command::Migrate = command {
+        // Migrating needs only the database, not an upstream.
+        let store = postgres_store(&config::load_store(common.config.as_deref(), &overrides)?)?;
+        apply_migrations(&store).await?;
+        return Ok(());
+    }
+    let config = Arc::new(config::load(common.config.as_deref(), &overrides)?);
+    serve(config, common.migrate).await
+}
+
+fn postgres_store(store: &StoreConfig) -> anyhow::Result<PgStore> {
+    match store {
+        StoreConfig::Postgres(pg) => Ok(PgStore::new(pg)?),
+        StoreConfig::Embedded { .. } => {
+            bail!("no PostgreSQL URL configured: set store.postgres.url, DATABASE_URL or --database-url")
+        }
+    }
+}
+
+async fn apply_migrations(store: &PgStore) -> anyhow::Result<()> {
+    let mut client = store.pool().get().await.context("connecting to PostgreSQL")?;
+    let applied = migrate(&mut client).await.context("applying migrations")?;
+    if applied.is_empty() {
+        tracing::info!("database schema is up to date");
+    } else {
+        tracing::info!(?applied, "applied migrations");
+    }
+    Ok(())
+}
+
+async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> {
+    let store = postgres_store(&config.store)?;
+    tracing::info!(store = "postgres", "using the PostgreSQL store (shared by every replica on this database)");
+    if run_migrations {
+        apply_migrations(&store).await?;
+    }
+    if let Err(e) = store.ping().await {
+        tracing::warn!(cause = %e, "store unreachable at start; protected requests get 503 until it is back");
+    }
+    if config.implicit_routes {
+        tracing::info!("no routes configured: every POST and PATCH carrying an idempotency key is protected");
+    }
+    if matches!(config.client_id, config::ClientIdSource::Static(_)) {
+        tracing::warn!("client_id is static: all clients share one key namespace (right for a sidecar behind one caller)");
+    }
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    tracing::info!(listen = %config.listen, upstream = %config.upstream.origin, "idemproxy listening");
+    let grace = config.shutdown_grace;
+    let proxy = Proxy::new(config, store);
+    idemproxy::server::run(listener, proxy, idemproxy::shutdown::signal(), grace).await;
+    Ok(())
+}

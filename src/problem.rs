@@ -1,0 +1,225 @@
+//! Every error the proxy answers itself, as `application/problem+json` (RFC 9457).
+//!
+//! [`ProxyError`] is the request path's one error type; each variant is a client-visible
+//! outcome, mapped to a status and a [`Problem`] by one exhaustive `match`, so that a new
+//! variant forces a decision. 5xx details stay generic: causes go to the log, not the client.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use serde::Serialize;
+
+use crate::fingerprint::BodyError;
+use crate::proxy::body::{ProxyBody, full};
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: &'static str,
+    pub status: u16,
+    pub detail: String,
+}
+
+/// The request-path outcomes the proxy answers itself.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("the route requires an idempotency key")]
+    MissingKey { header: String },
+    #[error("invalid idempotency key: {reason}")]
+    InvalidKey { header: String, reason: String },
+    #[error("no client identity")]
+    MissingClientId { what: String, unauthorized: bool },
+    #[error("invalid client identity: {reason}")]
+    InvalidClientId { reason: String },
+    #[error("request body larger than {limit} bytes")]
+    BodyTooLarge { limit: u64 },
+    #[error("request body could not be read")]
+    BodyRead(#[source] crate::proxy::body::BoxError),
+    #[error(transparent)]
+    Body(#[from] BodyError),
+    #[error("key reused with a different request")]
+    KeyReused,
+    #[error("a request with this key is in progress")]
+    InProgress { retry_after: Duration },
+    #[error("the stored answer is too large to replay")]
+    NotReplayable { status: u16 },
+    #[error("store unavailable")]
+    StoreUnavailable(#[source] crate::store::StoreError),
+    #[error("upstream refused the connection")]
+    UpstreamUnreachable(#[source] crate::proxy::body::BoxError),
+    #[error("upstream connection failed after the request was sent")]
+    UpstreamFailed(#[source] crate::proxy::body::BoxError),
+    #[error("upstream timed out")]
+    UpstreamTimeout,
+    #[error("internal error")]
+    Internal,
+}
+
+/// Problem types are URNs: stable identifiers, documented in the README, that do not
+/// pretend to be a resolvable page.
+const TYPE_PREFIX: &str = "urn:idemproxy:problem:";
+
+impl ProxyError {
+    /// The HTTP status this outcome is answered with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::MissingKey { .. }
+            | ProxyError::InvalidKey { .. }
+            | ProxyError::InvalidClientId { .. }
+            | ProxyError::BodyRead(_)
+            | ProxyError::Body(_) => StatusCode::BAD_REQUEST,
+            ProxyError::MissingClientId { unauthorized: true, .. } => StatusCode::UNAUTHORIZED,
+            ProxyError::MissingClientId { unauthorized: false, .. } => StatusCode::BAD_REQUEST,
+            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ProxyError::InProgress { .. } | ProxyError::NotReplayable { .. } => StatusCode::CONFLICT,
+            ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::UpstreamUnreachable(_) | ProxyError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The problem document a client sees.
+    pub fn problem(&self) -> Problem {
+        let (slug, title, detail) = match self {
+            ProxyError::MissingKey { header } => (
+                "missing-key",
+                "Idempotency key required",
+                format!("This endpoint requires an `{header}` header; generate a unique value (e.g. a UUID) per operation and send the same value on every retry."),
+            ),
+            ProxyError::InvalidKey { header, reason } => (
+                "invalid-key",
+                "Invalid idempotency key",
+                format!("The `{header}` header is invalid: {reason}. Nothing was reserved; send the request again with a valid key."),
+            ),
+            ProxyError::MissingClientId { what, .. } => (
+                "missing-client-id",
+                "Client identity required",
+                format!("Idempotency keys are kept per client, and this request carries no client identity ({what}). Nothing was reserved."),
+            ),
+            ProxyError::InvalidClientId { reason } => (
+                "invalid-client-id",
+                "Invalid client identity",
+                format!("The client identity is invalid: {reason}. Nothing was reserved."),
+            ),
+            ProxyError::BodyTooLarge { limit } => (
+                "body-too-large",
+                "Request body too large",
+                format!("The request body exceeds the limit of {limit} bytes for this endpoint. Nothing was reserved."),
+            ),
+            ProxyError::BodyRead(_) => (
+                "body-unreadable",
+                "Request body could not be read",
+                "The request body ended early or was malformed. Nothing was reserved; send the request again with the same key.".to_owned(),
+            ),
+            ProxyError::Body(e) => (
+                "invalid-body",
+                "Invalid request body",
+                format!("{e}. Nothing was reserved; fix the body and send it again with the same key."),
+            ),
+            ProxyError::KeyReused => (
+                "key-reused",
+                "Idempotency key already used",
+                "This idempotency key was already used for a different request (method, path, query or body differ). Use a new key for a new operation.".to_owned(),
+            ),
+            ProxyError::InProgress { retry_after } => (
+                "in-progress",
+                "Request in progress",
+                format!("A request with this idempotency key is still being processed. Retry after {} s to get its result; do not change the key.", retry_secs(*retry_after)),
+            ),
+            ProxyError::NotReplayable { status } => (
+                "not-replayable",
+                "Result cannot be replayed",
+                format!("A request with this idempotency key was already executed (upstream status {status}), but its answer was too large to store, so it cannot be replayed. It will not be executed again."),
+            ),
+            ProxyError::StoreUnavailable(_) => (
+                "store-unavailable",
+                "Idempotency store unavailable",
+                "The idempotency store cannot be reached, so the request was not forwarded. It is safe to retry with the same key.".to_owned(),
+            ),
+            ProxyError::UpstreamUnreachable(_) => (
+                "upstream-unreachable",
+                "Upstream unreachable",
+                "The upstream service could not be reached; the request was not sent and the key was released. It is safe to retry with the same key.".to_owned(),
+            ),
+            ProxyError::UpstreamFailed(_) => (
+                "upstream-failed",
+                "Upstream connection failed",
+                "The connection to the upstream service failed after the request was sent, so its outcome is unknown. Retry with the same key: the retry is answered once the outcome is settled.".to_owned(),
+            ),
+            ProxyError::UpstreamTimeout => (
+                "upstream-timeout",
+                "Upstream timed out",
+                "The upstream service did not answer in time, so the outcome is unknown. Retry with the same key: the retry is answered once the outcome is settled.".to_owned(),
+            ),
+            ProxyError::Internal => (
+                "internal",
+                "Internal error",
+                "The proxy failed while handling this request. Retry with the same key.".to_owned(),
+            ),
+        };
+        Problem {
+            kind: format!("{TYPE_PREFIX}{slug}"),
+            title,
+            status: self.status().as_u16(),
+            detail,
+        }
+    }
+
+    /// The full response, with `Retry-After` where a retry will help.
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let status = self.status();
+        let body = serde_json::to_vec(&self.problem()).unwrap_or_default();
+        let mut resp = Response::new(full(Bytes::from(body)));
+        *resp.status_mut() = status;
+        let headers = resp.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let ProxyError::InProgress { retry_after } = &self {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_secs(*retry_after)));
+        }
+        if let ProxyError::StoreUnavailable(_) = &self {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+fn retry_secs(d: Duration) -> u64 {
+    d.as_secs_f64().ceil().max(1.0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pin the status of every client-side outcome the README documents.
+    #[test]
+    fn statuses() {
+        let h = || "Idempotency-Key".to_owned();
+        assert_eq!(ProxyError::MissingKey { header: h() }.status(), 400);
+        assert_eq!(ProxyError::InvalidKey { header: h(), reason: "x".into() }.status(), 400);
+        assert_eq!(ProxyError::MissingClientId { what: "x".into(), unauthorized: true }.status(), 401);
+        assert_eq!(ProxyError::BodyTooLarge { limit: 1 }.status(), 413);
+        assert_eq!(ProxyError::KeyReused.status(), 422);
+        assert_eq!(ProxyError::InProgress { retry_after: Duration::from_millis(10) }.status(), 409);
+        assert_eq!(ProxyError::UpstreamTimeout.status(), 504);
+    }
+
+    /// The problem body is valid RFC 9457 JSON and 409 carries a whole-second Retry-After.
+    #[test]
+    fn problem_json() {
+        let resp = ProxyError::InProgress { retry_after: Duration::from_millis(1500) }.into_response();
+        assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/problem+json");
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "2");
+        let p = ProxyError::KeyReused.problem();
+        let v = serde_json::to_value(&p).unwrap();
+        assert_eq!(v["status"], 422);
+        assert!(v["type"].as_str().unwrap().ends_with("key-reused"));
+        assert!(!v["detail"].as_str().unwrap().is_empty());
+    }
+}

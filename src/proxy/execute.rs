@@ -1,0 +1,285 @@
+//! The detached part of a protected request: reserve → forward (lease renewed meanwhile) →
+//! complete or release → answer.
+//!
+//! It runs as its own task, so that the client going away changes nothing: the upstream
+//! call and the completion run to the end, and the retry that arrives a moment later gets
+//! the stored answer instead of a `409` until the lease runs out. The answer is stored
+//! *before* it is sent, so a client that has its answer never sees `409` on a retry.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderValue, Response, StatusCode, request, response};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::sync::oneshot;
+use tokio::time::{Instant, sleep, timeout_at};
+
+use super::body::{BoxError, Prefixed, ProxyBody, boxed, full};
+use super::forward::ForwardError;
+use super::headers::{decode_stored, encode_stored, strip_hop_by_hop};
+use super::key::derived_key;
+use super::service::{Shared, drop_length, error_chain};
+use crate::config::Route;
+use crate::fingerprint::Fingerprint;
+use crate::problem::ProxyError;
+use crate::store::{Completion, Fence, Fenced, KeyStore, Reservation, ReserveRequest, StoredResponse};
+
+/// How long to keep retrying a completion the store refused to take (store unreachable).
+const COMPLETION_RETRY_WINDOW: Duration = Duration::from_secs(300);
+/// First and largest pause between completion retries.
+const COMPLETION_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+/// What a duplicate is told to wait before retrying while the first request runs.
+const CONFLICT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Everything the detached task needs, owned.
+pub(crate) struct Job {
+    pub route: Arc<Route>,
+    pub client_id: String,
+    pub key: String,
+    pub fingerprint: Fingerprint,
+    pub parts: request::Parts,
+    pub body: Bytes,
+    pub peer: SocketAddr,
+}
+
+/// How a protected request ended, for logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Executed,
+    Replayed,
+    Conflict,
+    Mismatch,
+    NotReplayable,
+    Released,
+    StoreError,
+    UpstreamError,
+    Failed,
+}
+
+impl Outcome {
+    /// Stable label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Executed => "executed",
+            Outcome::Replayed => "replayed",
+            Outcome::Conflict => "conflict",
+            Outcome::Mismatch => "mismatch",
+            Outcome::NotReplayable => "not_replayable",
+            Outcome::Released => "released",
+            Outcome::StoreError => "store_error",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::Failed => "failed",
+        }
+    }
+}
+
+/// What the waiting client handler receives.
+pub(crate) type Answer = (Outcome, Result<Response<ProxyBody>, ProxyError>);
+
+/// What the upstream call came to.
+enum Upstream {
+    /// A whole answer, small enough to store.
+    Answered { head: response::Parts, body: Bytes },
+    /// An answer too large to store: what was read so far, and the rest of the stream.
+    TooLarge { head: response::Parts, prefix: Bytes, rest: Incoming },
+    /// Nothing reached the upstream.
+    NotSent(BoxError),
+    /// The upstream may have acted, but we have no answer.
+    Unknown(ProxyError),
+}
+
+/// Runs one protected request to the end, whether or not anyone still waits on `tx`.
+pub(crate) async fn run<S: KeyStore>(shared: Arc<Shared<S>>, job: Job, tx: oneshot::Sender<Answer>) {
+    let policy = &job.route.policy;
+    let reservation = shared
+        .store
+        .reserve(&ReserveRequest {
+            client_id: &job.client_id,
+            key: &job.key,
+            fingerprint: &job.fingerprint,
+            route: &job.route.name,
+            lease: policy.lease,
+            retention: policy.retention,
+        })
+        .await;
+    let lease = match reservation {
+        Ok(Reservation::Reserved(lease)) => lease,
+        Ok(Reservation::Done(stored)) => return answer(tx, Outcome::Replayed, Ok(replay(stored))),
+        Ok(Reservation::InProgress { .. }) => {
+            let err = ProxyError::InProgress { retry_after: CONFLICT_RETRY_AFTER };
+            return answer(tx, Outcome::Conflict, Err(err));
+        }
+        Ok(Reservation::Mismatch) => return answer(tx, Outcome::Mismatch, Err(ProxyError::KeyReused)),
+        Ok(Reservation::NotReplayable { status }) => {
+            return answer(tx, Outcome::NotReplayable, Err(ProxyError::NotReplayable { status }));
+        }
+        Err(e) => return answer(tx, Outcome::StoreError, Err(ProxyError::StoreUnavailable(e))),
+    };
+    if lease.takeover {
+        tracing::warn!(
+            route = %job.route.name,
+            attempt = lease.attempts,
+            "took over an expired lease; re-executing with the same derived key"
+        );
+    }
+
+    let derived = derived_key(&job.client_id, &job.key);
+    let fence = Fence { client_id: job.client_id, key: job.key, token: lease.token };
+    let mut parts = job.parts;
+    parts.headers.remove(&policy.key_header);
+    if let Ok(value) = HeaderValue::from_str(&derived) {
+        parts.headers.insert(policy.upstream_key_header.clone(), value);
+    }
+    let request = shared.forwarder.upstream_request(parts, full(job.body), job.peer);
+
+    let upstream = {
+        let call = call_upstream(&shared, request, policy.max_stored_response);
+        tokio::pin!(call);
+        tokio::select! {
+            biased;
+            result = &mut call => result,
+            never = keep_lease(&shared.store, &fence, policy.lease) => match never {},
+        }
+    };
+
+    match upstream {
+        Upstream::NotSent(cause) => {
+            // Nothing was sent, so nothing happened: free the key for the next attempt.
+            if let Err(e) = shared.store.release(&fence).await {
+                tracing::warn!(cause = %e, "could not release the key; it frees up when its lease runs out");
+            }
+            answer(tx, Outcome::UpstreamError, Err(ProxyError::UpstreamUnreachable(cause)));
+        }
+        Upstream::Unknown(err) => {
+            // The upstream may have acted: keep the key in progress (renewal has stopped, so
+            // the lease runs out) and let a later retry re-execute with the same derived key.
+            tracing::warn!(cause = %error_chain(&err), "upstream outcome unknown; the key stays in progress until its lease runs out");
+            answer(tx, Outcome::UpstreamError, Err(err));
+        }
+        Upstream::Answered { mut head, body } => {
+            strip_hop_by_hop(&mut head.headers);
+            drop_length(&mut head.headers);
+            let status = head.status.as_u16();
+            if policy.release_on.contains(&status) {
+                if let Err(e) = shared.store.release(&fence).await {
+                    tracing::warn!(cause = %e, "could not release the key; it frees up when its lease runs out");
+                }
+                return answer(tx, Outcome::Released, Ok(Response::from_parts(head, full(body))));
+            }
+            let completion = Completion::Stored(StoredResponse {
+                status,
+                headers: encode_stored(&head.headers, &policy.store_headers),
+                body: body.clone(),
+            });
+            let first = shared.store.complete(&fence, &completion).await;
+            answer(tx, Outcome::Executed, Ok(Response::from_parts(head, full(body))));
+            settle(&shared.store, &fence, &completion, first).await;
+        }
+        Upstream::TooLarge { mut head, prefix, rest } => {
+            strip_hop_by_hop(&mut head.headers);
+            let completion = Completion::NotReplayable { status: head.status.as_u16() };
+            let first = shared.store.complete(&fence, &completion).await;
+            let body = boxed(Prefixed::new(prefix, rest));
+            answer(tx, Outcome::NotReplayable, Ok(Response::from_parts(head, body)));
+            settle(&shared.store, &fence, &completion, first).await;
+        }
+    }
+}
+
+fn answer(tx: oneshot::Sender<Answer>, outcome: Outcome, result: Result<Response<ProxyBody>, ProxyError>) {
+    if tx.send((outcome, result)).is_err() {
+        tracing::debug!(outcome = outcome.as_str(), "client went away before its answer; the outcome is kept");
+    }
+}
+
+/// The stored answer, marked as a replay.
+fn replay(stored: StoredResponse) -> Response<ProxyBody> {
+    let mut resp = Response::new(full(stored.body));
+    *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    *resp.headers_mut() = decode_stored(&stored.headers);
+    resp.headers_mut()
+        .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    resp
+}
+
+/// Calls the upstream and reads its answer, all within the upstream timeout.
+async fn call_upstream<S>(shared: &Shared<S>, request: http::Request<ProxyBody>, max_stored: u64) -> Upstream {
+    let deadline = Instant::now() + shared.forwarder.upstream().timeout;
+    let resp = match timeout_at(deadline, shared.forwarder.send(request)).await {
+        Err(_) => return Upstream::Unknown(ProxyError::UpstreamTimeout),
+        Ok(Err(ForwardError::NotSent(e))) => return Upstream::NotSent(e),
+        Ok(Err(ForwardError::Failed(e))) => return Upstream::Unknown(ProxyError::UpstreamFailed(e)),
+        Ok(Ok(resp)) => resp,
+    };
+    let (head, mut body) = resp.into_parts();
+    let limit = usize::try_from(max_stored).unwrap_or(usize::MAX);
+    let mut buf = BytesMut::new();
+    loop {
+        match timeout_at(deadline, body.frame()).await {
+            Err(_) => return Upstream::Unknown(ProxyError::UpstreamTimeout),
+            Ok(None) => return Upstream::Answered { head, body: buf.freeze() },
+            Ok(Some(Err(e))) => return Upstream::Unknown(ProxyError::UpstreamFailed(Box::new(e))),
+            Ok(Some(Ok(frame))) => {
+                let Ok(data) = frame.into_data() else {
+                    continue; // trailers are not stored
+                };
+                if buf.len() + data.len() > limit {
+                    buf.extend_from_slice(&data);
+                    return Upstream::TooLarge { head, prefix: buf.freeze(), rest: body };
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+    }
+}
+
+/// Renews the lease every third of its length for as long as it is polled.
+async fn keep_lease<S: KeyStore>(store: &S, fence: &Fence, lease: Duration) -> Infallible {
+    loop {
+        sleep(lease / 3).await;
+        match store.renew(fence, lease).await {
+            Ok(Fenced::Applied) => {}
+            Ok(Fenced::Refused) => {
+                tracing::warn!("lease lost to a takeover or an eviction; the completion will be fenced off");
+                return std::future::pending().await;
+            }
+            Err(e) => tracing::warn!(cause = %e, "could not renew the lease; will try again"),
+        }
+    }
+}
+
+/// Finishes a completion whose first attempt is `first`: logs a fenced-off write, retries a
+/// failed one with backoff for a bounded time.
+async fn settle<S: KeyStore>(store: &S, fence: &Fence, completion: &Completion, first: Result<Fenced, crate::store::StoreError>) {
+    let mut result = first;
+    let give_up = Instant::now() + COMPLETION_RETRY_WINDOW;
+    let mut pause = COMPLETION_BACKOFF.0;
+    loop {
+        match result {
+            Ok(Fenced::Applied) => return,
+            Ok(Fenced::Refused) => {
+                tracing::warn!(
+                    "completion fenced off: the lease was taken over, so the new owner's answer stands"
+                );
+                return;
+            }
+            Err(e) if Instant::now() + pause > give_up => {
+                tracing::error!(
+                    cause = %e,
+                    "completion abandoned after retrying; the key stays in progress until its lease runs out, then a retry re-executes with the same derived key"
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(cause = %e, retry_in_ms = pause.as_millis() as u64, "could not store the answer; retrying");
+                sleep(pause).await;
+                pause = (pause * 2).min(COMPLETION_BACKOFF.1);
+                result = store.complete(fence, completion).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! Reading the idempotency key and the client identity from a request.
+//!
+//! The key namespace is `(client_id, key)`: two tenants that both send `order-1` must never
+//! share an answer. Parsing is pure and never panics on any header bytes.
+
+use http::{HeaderMap, HeaderName, header};
+use sha2::{Digest, Sha256};
+
+use crate::config::ClientIdSource;
+use crate::problem::ProxyError;
+
+/// Longest accepted key, after unquoting.
+pub const MAX_KEY_LEN: usize = 255;
+/// Longest accepted client identity from a header.
+pub const MAX_CLIENT_ID_LEN: usize = 255;
+
+/// Whether every character is printable ASCII (space to `~`).
+pub fn is_visible_ascii(s: &str) -> bool {
+    s.bytes().all(|b| (0x20..=0x7e).contains(&b))
+}
+
+/// Reads the key: `None` when absent, an error reason when present but unusable.
+///
+/// Accepts the IETF draft's structured-field string (`"abc"`, with `\"` and `\\` escapes)
+/// and the bare form Stripe clients send (`abc`).
+pub fn parse_key(headers: &HeaderMap, name: &HeaderName) -> Result<Option<String>, String> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err("it was sent more than once; send exactly one".into());
+    }
+    let raw = std::str::from_utf8(value.as_bytes())
+        .ok()
+        .filter(|s| is_visible_ascii(s))
+        .ok_or("it contains control or non-ASCII characters")?;
+    let raw = raw.trim_matches(' ');
+    let key = if let Some(inner) = raw.strip_prefix('"') {
+        unquote(inner)?
+    } else {
+        if raw.contains(',') {
+            return Err("a bare key must not contain `,` (it looks like several keys joined); quote it as a structured-field string".into());
+        }
+        raw.to_owned()
+    };
+    if key.is_empty() {
+        return Err("it is empty".into());
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(format!("it is {} characters long; the limit is {MAX_KEY_LEN}", key.len()));
+    }
+    Ok(Some(key))
+}
+
+/// Unquotes the rest of an sf-string after its opening quote (RFC 8941 §4.2.5).
+fn unquote(inner: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(e @ ('"' | '\\')) => out.push(e),
+                _ => return Err("only `\\\"` and `\\\\` may be escaped in a quoted key".into()),
+            },
+            '"' => {
+                return if chars.as_str().is_empty() {
+                    Ok(out)
+                } else {
+                    Err("unexpected characters after the closing quote".into())
+                };
+            }
+            c => out.push(c),
+        }
+    }
+    Err("the quoted key has no closing quote".into())
+}
+
+/// Finds the client identity from the configured trusted source.
+pub fn client_id(headers: &HeaderMap, source: &ClientIdSource) -> Result<String, ProxyError> {
+    match source {
+        ClientIdSource::Static(name) => Ok(name.clone()),
+        ClientIdSource::AuthorizationSha256 => {
+            let mut values = headers.get_all(header::AUTHORIZATION).iter();
+            let (Some(value), None) = (values.next(), values.next()) else {
+                return Err(ProxyError::MissingClientId {
+                    what: "exactly one `Authorization` header is required".into(),
+                    unauthorized: true,
+                });
+            };
+            let digest = Sha256::digest(value.as_bytes());
+            Ok(hex(&digest))
+        }
+        ClientIdSource::Header(name) => {
+            let mut values = headers.get_all(name).iter();
+            let Some(value) = values.next() else {
+                return Err(ProxyError::MissingClientId {
+                    what: format!("the `{name}` header is missing"),
+                    unauthorized: false,
+                });
+            };
+            if values.next().is_some() {
+                return Err(ProxyError::InvalidClientId { reason: format!("`{name}` was sent more than once") });
+            }
+            let id = std::str::from_utf8(value.as_bytes())
+                .ok()
+                .map(|s| s.trim_matches(' '))
+                .filter(|s| is_visible_ascii(s))
+                .ok_or_else(|| ProxyError::InvalidClientId {
+                    reason: format!("`{name}` contains control or non-ASCII characters"),
+                })?;
+            if id.is_empty() || id.len() > MAX_CLIENT_ID_LEN {
+                return Err(ProxyError::InvalidClientId {
+                    reason: format!("`{name}` must be 1 to {MAX_CLIENT_ID_LEN} characters"),
+                });
+            }
+            Ok(id.to_owned())
+        }
+    }
+}
+
+/// The key sent upstream: `client_id:key`, with `%` and `:` in the client id percent-encoded
+/// so that no two `(client_id, key)` pairs can produce the same derived key.
+pub fn derived_key(client_id: &str, key: &str) -> String {
+    let mut out = String::with_capacity(client_id.len() + key.len() + 1);
+    for c in client_id.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            ':' => out.push_str("%3A"),
+            c => out.push(c),
+        }
+    }
+    out.push(':');
+    out.push_str(key);
+    out
+}
+
+/// Lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn key(values: &[&[u8]]) -> Result<Option<String>, String> {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append("idempotency-key", HeaderValue::from_bytes(v).unwrap());
+        }
+        parse_key(&h, &HeaderName::from_static("idempotency-key"))
+    }
+
+    /// Both the sf-string and the bare form are accepted and mean the same key.
+    #[test]
+    fn forms() {
+        assert_eq!(key(&[b"abc-123"]), Ok(Some("abc-123".into())));
+        assert_eq!(key(&[b"\"abc-123\""]), Ok(Some("abc-123".into())));
+        assert_eq!(key(&[br#""a\"b\\c""#]), Ok(Some(r#"a"b\c"#.into())));
+        assert_eq!(key(&[]), Ok(None));
+    }
+
+    /// Empty, too long, repeated, non-ASCII and malformed quoted keys are rejected.
+    #[test]
+    fn rejects() {
+        let long = vec![b'k'; 256];
+        for bad in [&b""[..], b"\"\"", &long, b"caf\xc3\xa9", b"\"abc", b"\"a\"b", b"\"a\\n\"", b"a,b", b"a\tb"] {
+            assert!(key(&[bad]).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert!(key(&[&[b'k'; 255]]).is_ok());
+        assert!(key(&[b"a", b"a"]).is_err());
+    }
+
+    /// Client ids containing `:` cannot collide in the derived key.
+    #[test]
+    fn derived_keys_do_not_collide() {
+        assert_eq!(derived_key("shop-1", "order-1"), "shop-1:order-1");
+        assert_ne!(derived_key("a:b", "c"), derived_key("a", "b:c"));
+        assert_ne!(derived_key("a%3Ab", "c"), derived_key("a:b", "c"));
+    }
+
+    /// Each source yields the right identity or the right error status.
+    #[test]
+    fn client_ids() {
+        let mut h = HeaderMap::new();
+        let src = ClientIdSource::Header(HeaderName::from_static("x-client-id"));
+        assert_eq!(client_id(&h, &src).unwrap_err().status(), 400);
+        assert_eq!(client_id(&h, &ClientIdSource::AuthorizationSha256).unwrap_err().status(), 401);
+        h.insert("x-client-id", HeaderValue::from_static("shop-1"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k1"));
+        assert_eq!(client_id(&h, &src).unwrap(), "shop-1");
+        let a = client_id(&h, &ClientIdSource::AuthorizationSha256).unwrap();
+        assert_eq!(a.len(), 64);
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k2"));
+        assert_ne!(client_id(&h, &ClientIdSource::AuthorizationSha256).unwrap(), a);
+    }
+}

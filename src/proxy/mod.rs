@@ -1,0 +1,14 @@
+//! The request path: route lookup, pass-through, and the idempotency state machine.
+
+pub mod body;
+mod execute;
+mod forward;
+mod headers;
+mod key;
+mod protect;
+mod service;
+
+pub use forward::{ForwardError, Forwarder};
+pub use headers::{decode_stored, encode_stored};
+pub use key::{derived_key, hex, is_visible_ascii, parse_key};
+pub use service::Proxy;

@@ -1,0 +1,84 @@
+//! A protected request up to the hand-off: client identity, body, fingerprint.
+//!
+//! Everything here can fail because of the client, and nothing here touches the store: a
+//! request rejected at this stage reserves nothing, so the client can fix it and send it
+//! again with the same key. From the reservation on, the work runs detached (see
+//! [`super::execute`]) so that a client going away cannot cut it short.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{Request, Response, header};
+use http_body::Body;
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+
+use super::body::{BoxError, CollectError, ProxyBody, collect_limited};
+use super::execute::{Job, Outcome, run};
+use super::key::{client_id, derived_key, hex};
+use super::service::Shared;
+use crate::config::Route;
+use crate::fingerprint::{self, fingerprint};
+use crate::problem::ProxyError;
+use crate::store::KeyStore;
+
+/// Handles a request on a protected route that carries a valid key.
+pub(crate) async fn protect<S, B>(
+    shared: &Arc<Shared<S>>,
+    route: Arc<Route>,
+    key: String,
+    req: Request<B>,
+    peer: SocketAddr,
+) -> Result<Response<ProxyBody>, ProxyError>
+where
+    S: KeyStore,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let started = Instant::now();
+    let policy = &route.policy;
+    let client_id = client_id(req.headers(), &shared.config.client_id)?;
+    let (parts, body) = req.into_parts();
+
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > policy.max_body) {
+        return Err(ProxyError::BodyTooLarge { limit: policy.max_body });
+    }
+    let body = collect_limited(body, policy.max_body).await.map_err(|e| match e {
+        CollectError::TooLarge(limit) => ProxyError::BodyTooLarge { limit },
+        CollectError::Read(e) => ProxyError::BodyRead(e),
+    })?;
+
+    let fp = fingerprint(&fingerprint::Request {
+        method: parts.method.as_str(),
+        path: parts.uri.path(),
+        query: parts.uri.query(),
+        content_type: parts.headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()),
+        body: &body,
+        fields: policy.fingerprint_fields.as_deref(),
+    })?;
+
+    // Logs carry a short hash of (client, key), never either in clear.
+    let tag = hex(&Sha256::digest(derived_key(&client_id, &key).as_bytes())[..6]);
+    let (tx, rx) = oneshot::channel();
+    let job = Job { route: Arc::clone(&route), client_id, key, fingerprint: fp, parts, body, peer };
+    shared.tasks.spawn(run(Arc::clone(shared), job, tx));
+    let (outcome, result) = match rx.await {
+        Ok(answer) => answer,
+        Err(_) => (Outcome::Failed, Err(ProxyError::Internal)),
+    };
+    tracing::info!(
+        route = %route.name,
+        key = %tag,
+        outcome = outcome.as_str(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "protected request"
+    );
+    result
+}

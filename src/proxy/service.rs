@@ -1,0 +1,146 @@
+//! [`Proxy`]: the shared state and the entry point for every request.
+//!
+//! `handle` never fails: every error becomes a problem response here, logged once.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response, header};
+use http_body::Body;
+use tokio_util::task::TaskTracker;
+
+use super::body::{BoxError, ProxyBody, boxed};
+use super::forward::{ForwardError, Forwarder};
+use super::headers::strip_hop_by_hop;
+use super::key::parse_key;
+use super::protect;
+use crate::config::Config;
+use crate::problem::ProxyError;
+use crate::store::KeyStore;
+
+/// State shared by every connection and every detached execution.
+pub(crate) struct Shared<S> {
+    /// Validated configuration; immutable for the life of the process.
+    pub config: Arc<Config>,
+    /// The key table.
+    pub store: S,
+    /// Pooled upstream client.
+    pub forwarder: Forwarder,
+    /// Detached executions (upstream call + completion). They outlive the client's
+    /// connection on purpose; shutdown waits for them so no answer is left unstored.
+    pub tasks: TaskTracker,
+}
+
+/// The idempotency proxy. Cheap to clone: clones share one state.
+pub struct Proxy<S> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S> Clone for Proxy<S> {
+    fn clone(&self) -> Self {
+        Self { shared: Arc::clone(&self.shared) }
+    }
+}
+
+impl<S: KeyStore> Proxy<S> {
+    /// A proxy in front of `config.upstream`, keeping keys in `store`.
+    pub fn new(config: Arc<Config>, store: S) -> Self {
+        let forwarder = Forwarder::new(config.upstream.clone());
+        Self {
+            shared: Arc::new(Shared { config, store, forwarder, tasks: TaskTracker::new() }),
+        }
+    }
+
+    /// The store, for readiness checks.
+    pub fn store(&self) -> &S {
+        &self.shared.store
+    }
+
+    /// Detached executions still running; `server::run` waits for them on shutdown.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.shared.tasks
+    }
+
+    /// Answers one request. Never fails: errors become problem responses.
+    pub async fn handle<B>(&self, req: Request<B>, peer: SocketAddr) -> Response<ProxyBody>
+    where
+        B: Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let method = req.method().clone();
+        let path = req.uri().path().to_owned();
+        match self.handle_inner(req, peer).await {
+            Ok(resp) => resp,
+            Err(err) => {
+                let status = err.status();
+                if status.is_server_error() {
+                    tracing::warn!(%method, %path, status = status.as_u16(), cause = %error_chain(&err), "request failed");
+                } else {
+                    tracing::debug!(%method, %path, status = status.as_u16(), cause = %err, "request rejected");
+                }
+                err.into_response()
+            }
+        }
+    }
+
+    async fn handle_inner<B>(&self, req: Request<B>, peer: SocketAddr) -> Result<Response<ProxyBody>, ProxyError>
+    where
+        B: Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let Some(route) = self.shared.config.routes.lookup(req.method(), req.uri().path()) else {
+            return self.pass_through(req, peer).await;
+        };
+        let policy = &route.policy;
+        let key = match parse_key(req.headers(), &policy.key_header) {
+            Ok(Some(key)) => key,
+            Ok(None) if policy.require_key => {
+                return Err(ProxyError::MissingKey { header: policy.key_header.to_string() });
+            }
+            Ok(None) => return self.pass_through(req, peer).await,
+            Err(reason) => {
+                return Err(ProxyError::InvalidKey { header: policy.key_header.to_string(), reason });
+            }
+        };
+        protect::protect(&self.shared, Arc::clone(route), key, req, peer).await
+    }
+
+    /// Forwards an unprotected request as it is, streaming both ways.
+    async fn pass_through<B>(&self, req: Request<B>, peer: SocketAddr) -> Result<Response<ProxyBody>, ProxyError>
+    where
+        B: Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let (parts, body) = req.into_parts();
+        let forwarder = &self.shared.forwarder;
+        let upstream_req = forwarder.upstream_request(parts, boxed(body), peer);
+        let timeout = forwarder.upstream().timeout;
+        let resp = match tokio::time::timeout(timeout, forwarder.send(upstream_req)).await {
+            Err(_) => return Err(ProxyError::UpstreamTimeout),
+            Ok(Err(ForwardError::NotSent(e))) => return Err(ProxyError::UpstreamUnreachable(e)),
+            Ok(Err(ForwardError::Failed(e))) => return Err(ProxyError::UpstreamFailed(e)),
+            Ok(Ok(resp)) => resp,
+        };
+        let (mut parts, body) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        Ok(Response::from_parts(parts, boxed(body)))
+    }
+}
+
+/// The error and its sources, for the log.
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// Removes `Content-Length` so that hyper sets it from the body actually sent.
+pub(crate) fn drop_length(headers: &mut http::HeaderMap) {
+    headers.remove(header::CONTENT_LENGTH);
+}

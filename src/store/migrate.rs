@@ -1,0 +1,53 @@
+//! Schema migrations from `migrations/`, applied by `idemproxy migrate` (or `--migrate`).
+//!
+//! Applied in one transaction under an advisory lock, so several replicas starting at once
+//! with `--migrate` apply each migration exactly once.
+
+use tokio_postgres::Client;
+
+use super::StoreError;
+
+/// The migrations in order: (version, name, SQL).
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
+    1,
+    "idempotency_keys",
+    include_str!("../../migrations/0001_idempotency_keys.sql"),
+)];
+
+/// An arbitrary constant shared by every idemproxy process ("idem" in ASCII).
+const MIGRATION_LOCK: i64 = 0x6964_656d;
+
+/// Applies every migration not yet applied; returns the versions it applied.
+pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, StoreError> {
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS idemproxy_migrations (
+             version    integer PRIMARY KEY,
+             name       text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         )",
+    )
+    .await?;
+    let done: Vec<i32> = tx
+        .query("SELECT version FROM idemproxy_migrations", &[])
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let mut applied = Vec::new();
+    for (version, name, sql) in MIGRATIONS {
+        if done.contains(version) {
+            continue;
+        }
+        tx.batch_execute(sql).await?;
+        tx.execute(
+            "INSERT INTO idemproxy_migrations (version, name) VALUES ($1, $2)",
+            &[version, name],
+        )
+        .await?;
+        applied.push(*version);
+    }
+    tx.commit().await?;
+    Ok(applied)
+}

@@ -1,0 +1,14 @@
+//! The key table behind the proxy: reserve before forwarding, renew while in flight,
+//! complete or release under a fence, replay afterwards.
+//!
+//! Every successful reservation hands out a fresh lease token; renew, complete and release
+//! only touch the row while it still carries that token, so a worker whose lease was taken
+//! over can never overwrite the new owner's row.
+
+mod migrate;
+mod postgres;
+mod types;
+
+pub use migrate::{MIGRATIONS, migrate};
+pub use postgres::PgStore;
+pub use types::*;

@@ -1,0 +1,116 @@
+//! Store-facing types and the [`KeyStore`] trait both backends implement.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::fingerprint::Fingerprint;
+
+/// What the proxy asks the store to reserve.
+#[derive(Debug, Clone, Copy)]
+pub struct ReserveRequest<'a> {
+    pub client_id: &'a str,
+    pub key: &'a str,
+    pub fingerprint: &'a Fingerprint,
+    pub route: &'a str,
+    pub lease: Duration,
+    pub retention: Duration,
+}
+
+/// A lease we hold on a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// The fencing token: unique per reservation, never reused.
+    pub token: i64,
+    /// How many times the key has been reserved (1, plus one per takeover).
+    pub attempts: i32,
+    /// Whether this reservation took over an expired lease (a re-execution).
+    pub takeover: bool,
+}
+
+/// A stored upstream answer, as replayed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    /// Allow-listed headers in HTTP/1 block form (`name: value\r\n`...), lossless for any
+    /// legal header value.
+    pub headers: Bytes,
+    pub body: Bytes,
+}
+
+/// What the row says when we could not reserve it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reservation {
+    /// The key is ours: forward the request.
+    Reserved(Lease),
+    /// Another request with the same fingerprint holds a live lease.
+    InProgress { lease_remaining: Duration },
+    /// The key was used for a different request.
+    Mismatch,
+    /// Done: replay this.
+    Done(StoredResponse),
+    /// Done, but the answer was too large to store.
+    NotReplayable { status: u16 },
+}
+
+/// How a reserved key ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Completion {
+    Stored(StoredResponse),
+    /// The upstream answered, but the answer is too large to keep; only its status is kept.
+    NotReplayable { status: u16 },
+}
+
+/// Identifies one reservation: the row and the token it was handed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub client_id: String,
+    pub key: String,
+    pub token: i64,
+}
+
+/// Whether a fenced write took effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced {
+    /// The row still carried our token and was written.
+    Applied,
+    /// Our lease was taken over (or the row evicted): nothing was written.
+    Refused,
+}
+
+/// The store could not be reached or failed; the caller decides what that means.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("connection pool: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("store call timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("unexpected row from the store: {0}")]
+    Corrupt(String),
+}
+
+/// The key table. Implemented by PostgreSQL (shared by replicas) and the embedded store.
+pub trait KeyStore: Send + Sync + 'static {
+    /// Atomically inserts the key in progress, or takes over an expired lease with the same
+    /// fingerprint; otherwise reports what the row says.
+    fn reserve(&self, req: &ReserveRequest<'_>) -> impl Future<Output = Result<Reservation, StoreError>> + Send;
+
+    /// Extends our lease; `Refused` means it was taken over and renewal should stop.
+    fn renew(&self, fence: &Fence, lease: Duration) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// Marks the key done with the upstream's answer, if we still hold it.
+    fn complete(
+        &self,
+        fence: &Fence,
+        completion: &Completion,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// Deletes our reservation so that the same key can execute again.
+    fn release(&self, fence: &Fence) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// Whether the store answers at all (readiness).
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
