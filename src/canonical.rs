@@ -86,16 +86,25 @@ mod tests {
     /// Key order and whitespace do not matter.
     #[test]
     fn sorts_and_strips() {
-        assert_eq!(canon(r#"{ "b" : 1, "a" : [ true , null ] }"#), r#"{"a":[true,null],"b":1}"#);
+        assert_eq!(
+            canon(r#"{ "b" : 1, "a" : [ true , null ] }"#),
+            r#"{"a":[true,null],"b":1}"#
+        );
     }
 
     /// Equivalent number spellings meet in one form (RFC 8785 §3.2.2.3 examples).
     #[test]
     fn numbers_normalise() {
         assert_eq!(canon("[1.0, 1e0, 10E-1, -0, 0.0]"), "[1,1,1,0,0]");
-        assert_eq!(canon("[1e21, 1e-7, 123.456, 4.50]"), "[1e+21,1e-7,123.456,4.5]");
+        assert_eq!(
+            canon("[1e21, 1e-7, 123.456, 4.50]"),
+            "[1e+21,1e-7,123.456,4.5]"
+        );
         assert_eq!(canon("100000000000000000000"), "100000000000000000000");
-        assert_eq!(canon("[9007199254740993, 18446744073709551615]"), "[9007199254740993,18446744073709551615]");
+        assert_eq!(
+            canon("[9007199254740993, 18446744073709551615]"),
+            "[9007199254740993,18446744073709551615]"
+        );
     }
 
     /// Strings keep their characters and escape only what JSON requires.
@@ -108,6 +117,9 @@ mod tests {
     #[test]
     fn utf16_order() {
         // U+FB33 sorts after U+1F600 in UTF-8 but before it in UTF-16 (surrogates are D8xx).
-        assert_eq!(canon("{\"\u{fb33}\":1,\"\u{1f600}\":2}"), "{\"\u{1f600}\":2,\"\u{fb33}\":1}");
+        assert_eq!(
+            canon("{\"\u{fb33}\":1,\"\u{1f600}\":2}"),
+            "{\"\u{1f600}\":2,\"\u{fb33}\":1}"
+        );
     }
 }

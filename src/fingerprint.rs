@@ -47,7 +47,9 @@ fn body_kind(content_type: Option<&[u8]>) -> BodyKind {
     };
     let essence = ct.split(|b| *b == b';').next().unwrap_or_default();
     let essence = String::from_utf8_lossy(essence).trim().to_ascii_lowercase();
-    if essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json")) {
+    if essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    {
         BodyKind::Json
     } else if essence == "application/x-www-form-urlencoded" {
         BodyKind::Form
@@ -104,15 +106,16 @@ pub fn fingerprint(req: &Request<'_>) -> Result<Fingerprint, BodyError> {
     }
     match kind {
         BodyKind::Json if !req.body.is_empty() => {
-            let value: serde_json::Value =
-                serde_json::from_slice(req.body).map_err(|e| BodyError::InvalidJson(e.to_string()))?;
+            let value: serde_json::Value = serde_json::from_slice(req.body)
+                .map_err(|e| BodyError::InvalidJson(e.to_string()))?;
             let mut canon = Vec::with_capacity(req.body.len());
             write_canonical(&value, &mut canon);
             put(&mut h, b"json");
             put(&mut h, &canon);
         }
         BodyKind::Form => {
-            let mut pairs: Vec<(String, String)> = form_urlencoded::parse(req.body).into_owned().collect();
+            let mut pairs: Vec<(String, String)> =
+                form_urlencoded::parse(req.body).into_owned().collect();
             pairs.sort();
             put(&mut h, b"form");
             for (k, v) in &pairs {
@@ -131,7 +134,9 @@ pub fn fingerprint(req: &Request<'_>) -> Result<Fingerprint, BodyError> {
 /// Checks that `pointer` is an RFC 6901 JSON Pointer (`""`, or `/a/b` with `~0`/`~1` escapes).
 pub fn check_pointer(pointer: &str) -> Result<(), String> {
     if !pointer.is_empty() && !pointer.starts_with('/') {
-        return Err(format!("`{pointer}` is not a JSON Pointer; did you mean `/{pointer}`?"));
+        return Err(format!(
+            "`{pointer}` is not a JSON Pointer; did you mean `/{pointer}`?"
+        ));
     }
     let mut chars = pointer.chars();
     while let Some(c) = chars.next() {
@@ -163,7 +168,12 @@ mod tests {
     #[test]
     fn json_is_canonical() {
         let a = fp(JSON, r#"{"amount":100,"currency":"RUB"}"#, None).unwrap();
-        let b = fp(JSON, "{ \"currency\" : \"RUB\",\n \"amount\" : 1.00e2 }", None).unwrap();
+        let b = fp(
+            JSON,
+            "{ \"currency\" : \"RUB\",\n \"amount\" : 1.00e2 }",
+            None,
+        )
+        .unwrap();
         assert_eq!(a, b);
         let c = fp(JSON, r#"{"amount":500,"currency":"RUB"}"#, None).unwrap();
         assert_ne!(a, c);
@@ -173,8 +183,18 @@ mod tests {
     #[test]
     fn fields_select_the_operation() {
         let fields = vec!["/amount".to_owned(), "/currency".to_owned()];
-        let a = fp(JSON, r#"{"amount":100,"currency":"RUB","sent_at":1}"#, Some(&fields)).unwrap();
-        let b = fp(JSON, r#"{"sent_at":2,"currency":"RUB","amount":100,"attempt":3}"#, Some(&fields)).unwrap();
+        let a = fp(
+            JSON,
+            r#"{"amount":100,"currency":"RUB","sent_at":1}"#,
+            Some(&fields),
+        )
+        .unwrap();
+        let b = fp(
+            JSON,
+            r#"{"sent_at":2,"currency":"RUB","amount":100,"attempt":3}"#,
+            Some(&fields),
+        )
+        .unwrap();
         assert_eq!(a, b);
         let c = fp(JSON, r#"{"amount":101,"currency":"RUB"}"#, Some(&fields)).unwrap();
         assert_ne!(a, c);
@@ -196,10 +216,38 @@ mod tests {
             fields: None,
         };
         let a = fingerprint(&base).unwrap();
-        assert_ne!(a, fingerprint(&Request { method: "PUT", ..base }).unwrap());
-        assert_ne!(a, fingerprint(&Request { path: "/refunds", ..base }).unwrap());
-        assert_ne!(a, fingerprint(&Request { query: Some(""), ..base }).unwrap());
-        assert_ne!(a, fingerprint(&Request { query: Some("a=1"), ..base }).unwrap());
+        assert_ne!(
+            a,
+            fingerprint(&Request {
+                method: "PUT",
+                ..base
+            })
+            .unwrap()
+        );
+        assert_ne!(
+            a,
+            fingerprint(&Request {
+                path: "/refunds",
+                ..base
+            })
+            .unwrap()
+        );
+        assert_ne!(
+            a,
+            fingerprint(&Request {
+                query: Some(""),
+                ..base
+            })
+            .unwrap()
+        );
+        assert_ne!(
+            a,
+            fingerprint(&Request {
+                query: Some("a=1"),
+                ..base
+            })
+            .unwrap()
+        );
     }
 
     /// Form pairs are order-insensitive; other bodies are raw bytes.
@@ -208,15 +256,24 @@ mod tests {
         let form = "application/x-www-form-urlencoded";
         assert_eq!(fp(form, "a=1&b=2", None), fp(form, "b=2&a=1", None));
         assert_ne!(fp(form, "a=1&b=2", None), fp(form, "a=2&b=1", None));
-        assert_ne!(fp("text/plain", "a=1&b=2", None), fp("text/plain", "b=2&a=1", None));
+        assert_ne!(
+            fp("text/plain", "a=1&b=2", None),
+            fp("text/plain", "b=2&a=1", None)
+        );
     }
 
     /// Invalid JSON is reported, not hashed as bytes.
     #[test]
     fn invalid_json_is_an_error() {
-        assert!(matches!(fp(JSON, "{\"amount\":", None), Err(BodyError::InvalidJson(_))));
+        assert!(matches!(
+            fp(JSON, "{\"amount\":", None),
+            Err(BodyError::InvalidJson(_))
+        ));
         let fields = vec!["/amount".to_owned()];
-        assert_eq!(fp("text/plain", "amount=1", Some(&fields)), Err(BodyError::NotJson));
+        assert_eq!(
+            fp("text/plain", "amount=1", Some(&fields)),
+            Err(BodyError::NotJson)
+        );
     }
 
     /// JSON Pointer syntax is checked at configuration time.

@@ -62,7 +62,10 @@ enum LogFormat {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(cli.common.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("idemproxy: cannot start the runtime: {e}");
@@ -81,7 +84,9 @@ fn main() -> std::process::ExitCode {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -115,13 +120,19 @@ fn postgres_store(store: &StoreConfig) -> anyhow::Result<PgStore> {
     match store {
         StoreConfig::Postgres(pg) => Ok(PgStore::new(pg)?),
         StoreConfig::Embedded { .. } => {
-            bail!("no PostgreSQL URL configured: set store.postgres.url, DATABASE_URL or --database-url")
+            bail!(
+                "no PostgreSQL URL configured: set store.postgres.url, DATABASE_URL or --database-url"
+            )
         }
     }
 }
 
 async fn apply_migrations(store: &PgStore) -> anyhow::Result<()> {
-    let mut client = store.pool().get().await.context("connecting to PostgreSQL")?;
+    let mut client = store
+        .pool()
+        .get()
+        .await
+        .context("connecting to PostgreSQL")?;
     let applied = migrate(&mut client).await.context("applying migrations")?;
     if applied.is_empty() {
         tracing::info!("database schema is up to date");
@@ -133,7 +144,10 @@ async fn apply_migrations(store: &PgStore) -> anyhow::Result<()> {
 
 async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> {
     let store = postgres_store(&config.store)?;
-    tracing::info!(store = "postgres", "using the PostgreSQL store (shared by every replica on this database)");
+    tracing::info!(
+        store = "postgres",
+        "using the PostgreSQL store (shared by every replica on this database)"
+    );
     if run_migrations {
         apply_migrations(&store).await?;
     }
@@ -141,10 +155,14 @@ async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> 
         tracing::warn!(cause = %e, "store unreachable at start; protected requests get 503 until it is back");
     }
     if config.implicit_routes {
-        tracing::info!("no routes configured: every POST and PATCH carrying an idempotency key is protected");
+        tracing::info!(
+            "no routes configured: every POST and PATCH carrying an idempotency key is protected"
+        );
     }
     if matches!(config.client_id, config::ClientIdSource::Static(_)) {
-        tracing::warn!("client_id is static: all clients share one key namespace (right for a sidecar behind one caller)");
+        tracing::warn!(
+            "client_id is static: all clients share one key namespace (right for a sidecar behind one caller)"
+        );
     }
     let listener = TcpListener::bind(config.listen)
         .await

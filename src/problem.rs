@@ -71,13 +71,22 @@ impl ProxyError {
             | ProxyError::InvalidClientId { .. }
             | ProxyError::BodyRead(_)
             | ProxyError::Body(_) => StatusCode::BAD_REQUEST,
-            ProxyError::MissingClientId { unauthorized: true, .. } => StatusCode::UNAUTHORIZED,
-            ProxyError::MissingClientId { unauthorized: false, .. } => StatusCode::BAD_REQUEST,
+            ProxyError::MissingClientId {
+                unauthorized: true, ..
+            } => StatusCode::UNAUTHORIZED,
+            ProxyError::MissingClientId {
+                unauthorized: false,
+                ..
+            } => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            ProxyError::InProgress { .. } | ProxyError::NotReplayable { .. } => StatusCode::CONFLICT,
+            ProxyError::InProgress { .. } | ProxyError::NotReplayable { .. } => {
+                StatusCode::CONFLICT
+            }
             ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::UpstreamUnreachable(_) | ProxyError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamUnreachable(_) | ProxyError::UpstreamFailed(_) => {
+                StatusCode::BAD_GATEWAY
+            }
             ProxyError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -177,10 +186,16 @@ impl ProxyError {
         let mut resp = Response::new(full(Bytes::from(body)));
         *resp.status_mut() = status;
         let headers = resp.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if let ProxyError::InProgress { retry_after } = &self {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_secs(*retry_after)));
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_secs(*retry_after)),
+            );
         }
         if let ProxyError::StoreUnavailable(_) = &self {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -202,19 +217,45 @@ mod tests {
     fn statuses() {
         let h = || "Idempotency-Key".to_owned();
         assert_eq!(ProxyError::MissingKey { header: h() }.status(), 400);
-        assert_eq!(ProxyError::InvalidKey { header: h(), reason: "x".into() }.status(), 400);
-        assert_eq!(ProxyError::MissingClientId { what: "x".into(), unauthorized: true }.status(), 401);
+        assert_eq!(
+            ProxyError::InvalidKey {
+                header: h(),
+                reason: "x".into()
+            }
+            .status(),
+            400
+        );
+        assert_eq!(
+            ProxyError::MissingClientId {
+                what: "x".into(),
+                unauthorized: true
+            }
+            .status(),
+            401
+        );
         assert_eq!(ProxyError::BodyTooLarge { limit: 1 }.status(), 413);
         assert_eq!(ProxyError::KeyReused.status(), 422);
-        assert_eq!(ProxyError::InProgress { retry_after: Duration::from_millis(10) }.status(), 409);
+        assert_eq!(
+            ProxyError::InProgress {
+                retry_after: Duration::from_millis(10)
+            }
+            .status(),
+            409
+        );
         assert_eq!(ProxyError::UpstreamTimeout.status(), 504);
     }
 
     /// The problem body is valid RFC 9457 JSON and 409 carries a whole-second Retry-After.
     #[test]
     fn problem_json() {
-        let resp = ProxyError::InProgress { retry_after: Duration::from_millis(1500) }.into_response();
-        assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/problem+json");
+        let resp = ProxyError::InProgress {
+            retry_after: Duration::from_millis(1500),
+        }
+        .into_response();
+        assert_eq!(
+            resp.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
         assert_eq!(resp.headers()[header::RETRY_AFTER], "2");
         let p = ProxyError::KeyReused.problem();
         let v = serde_json::to_value(&p).unwrap();

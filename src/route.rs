@@ -33,16 +33,24 @@ impl PathPattern {
         };
         let mut segments = Vec::new();
         let mut prefix = false;
-        let parts: Vec<&str> = if rest.is_empty() { Vec::new() } else { rest.split('/').collect() };
+        let parts: Vec<&str> = if rest.is_empty() {
+            Vec::new()
+        } else {
+            rest.split('/').collect()
+        };
         for (i, part) in parts.iter().enumerate() {
             if *part == "*" {
                 if i + 1 != parts.len() {
-                    return Err(format!("`{source}`: `*` is only allowed as the last segment"));
+                    return Err(format!(
+                        "`{source}`: `*` is only allowed as the last segment"
+                    ));
                 }
                 prefix = true;
             } else if let Some(name) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
                 if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                    return Err(format!("`{source}`: parameter `{part}` needs a name of letters, digits or `_`"));
+                    return Err(format!(
+                        "`{source}`: parameter `{part}` needs a name of letters, digits or `_`"
+                    ));
                 }
                 segments.push(Segment::Param);
             } else if part.contains(['{', '}', '*']) {
@@ -53,7 +61,11 @@ impl PathPattern {
                 segments.push(Segment::Literal((*part).to_owned()));
             }
         }
-        Ok(Self { source: source.to_owned(), segments, prefix })
+        Ok(Self {
+            source: source.to_owned(),
+            segments,
+            prefix,
+        })
     }
 
     /// Whether `path` (without the query) matches.
@@ -99,7 +111,9 @@ pub struct RouteTable {
 impl RouteTable {
     /// Builds the table; routes are tried in order.
     pub fn new(routes: Vec<Route>) -> Self {
-        Self { routes: routes.into_iter().map(Arc::new).collect() }
+        Self {
+            routes: routes.into_iter().map(Arc::new).collect(),
+        }
     }
 
     /// The first route whose path and method both match.

@@ -50,7 +50,8 @@ pub async fn run<S: KeyStore>(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service(proxy.clone(), peer));
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service(proxy.clone(), peer));
         let conn = graceful.watch(conn.into_owned());
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -84,7 +85,8 @@ fn service<S: KeyStore>(
     http::Request<Incoming>,
     Response = http::Response<crate::proxy::body::ProxyBody>,
     Error = Infallible,
-    Future = impl Future<Output = Result<http::Response<crate::proxy::body::ProxyBody>, Infallible>> + Send,
+    Future = impl Future<Output = Result<http::Response<crate::proxy::body::ProxyBody>, Infallible>>
+             + Send,
 > + Clone {
     service_fn(move |req: http::Request<Incoming>| {
         let proxy = proxy.clone();

@@ -28,7 +28,8 @@ struct Problems(Vec<String>);
 
 impl Problems {
     fn push(&mut self, key: impl AsRef<str>, message: impl AsRef<str>) {
-        self.0.push(format!("{}: {}", key.as_ref(), message.as_ref()));
+        self.0
+            .push(format!("{}: {}", key.as_ref(), message.as_ref()));
     }
 }
 
@@ -60,7 +61,10 @@ fn apply_overrides(file: &mut FileConfig, overrides: &Overrides) {
 }
 
 /// Only the store section, for commands that need nothing else (`migrate`).
-pub(crate) fn build_store_only(mut file: FileConfig, overrides: &Overrides) -> Result<StoreConfig, Vec<String>> {
+pub(crate) fn build_store_only(
+    mut file: FileConfig,
+    overrides: &Overrides,
+) -> Result<StoreConfig, Vec<String>> {
     apply_overrides(&mut file, overrides);
     let mut problems = Problems::default();
     match build_store(&mut problems, &file) {
@@ -73,7 +77,12 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
     let mut problems = Problems::default();
     apply_overrides(&mut file, overrides);
 
-    let listen = parse_addr(&mut problems, "listen", file.listen.as_deref(), DEFAULT_LISTEN);
+    let listen = parse_addr(
+        &mut problems,
+        "listen",
+        file.listen.as_deref(),
+        DEFAULT_LISTEN,
+    );
     let admin_listen = parse_addr(
         &mut problems,
         "admin_listen",
@@ -85,7 +94,9 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
     let client_id = build_client_id(&mut problems, &file);
     let shutdown_grace = file.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0);
 
-    let store_timeout = store.as_ref().map_or(DEFAULT_STORE_TIMEOUT, StoreConfig::timeout);
+    let store_timeout = store
+        .as_ref()
+        .map_or(DEFAULT_STORE_TIMEOUT, StoreConfig::timeout);
     let defaults = file.defaults.unwrap_or_default();
     let base = merge_policy(&mut problems, "defaults", None, &defaults, store_timeout);
 
@@ -120,12 +131,20 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
     }
 }
 
-fn parse_addr(p: &mut Problems, key: &str, value: Option<&str>, default: &str) -> Option<SocketAddr> {
+fn parse_addr(
+    p: &mut Problems,
+    key: &str,
+    value: Option<&str>,
+    default: &str,
+) -> Option<SocketAddr> {
     let text = value.unwrap_or(default);
     match text.parse() {
         Ok(addr) => Some(addr),
         Err(_) => {
-            p.push(key, format!("`{text}` is not an address like 127.0.0.1:8080"));
+            p.push(
+                key,
+                format!("`{text}` is not an address like 127.0.0.1:8080"),
+            );
             None
         }
     }
@@ -134,7 +153,10 @@ fn parse_addr(p: &mut Problems, key: &str, value: Option<&str>, default: &str) -
 fn build_upstream(p: &mut Problems, file: &FileConfig) -> Option<UpstreamConfig> {
     let up = file.upstream.as_ref();
     let Some(url) = up.and_then(|u| u.url.as_deref()) else {
-        p.push("upstream.url", "required (or pass --upstream http://host:port)");
+        p.push(
+            "upstream.url",
+            "required (or pass --upstream http://host:port)",
+        );
         return None;
     };
     let uri: http::Uri = match url.parse() {
@@ -147,7 +169,10 @@ fn build_upstream(p: &mut Problems, file: &FileConfig) -> Option<UpstreamConfig>
     match uri.scheme_str() {
         Some("http") => {}
         Some("https") => {
-            p.push("upstream.url", "https upstreams are not supported yet; use http://");
+            p.push(
+                "upstream.url",
+                "https upstreams are not supported yet; use http://",
+            );
             return None;
         }
         _ => {
@@ -169,8 +194,12 @@ fn build_upstream(p: &mut Problems, file: &FileConfig) -> Option<UpstreamConfig>
         .path_and_query("/")
         .build()
         .ok()?;
-    let connect_timeout = up.and_then(|u| u.connect_timeout).map_or(DEFAULT_CONNECT_TIMEOUT, |d| d.0);
-    let timeout = up.and_then(|u| u.timeout).map_or(DEFAULT_UPSTREAM_TIMEOUT, |d| d.0);
+    let connect_timeout = up
+        .and_then(|u| u.connect_timeout)
+        .map_or(DEFAULT_CONNECT_TIMEOUT, |d| d.0);
+    let timeout = up
+        .and_then(|u| u.timeout)
+        .map_or(DEFAULT_UPSTREAM_TIMEOUT, |d| d.0);
     if timeout.is_zero() {
         p.push("upstream.timeout", "must be more than 0s");
     }
@@ -184,14 +213,23 @@ fn build_upstream(p: &mut Problems, file: &FileConfig) -> Option<UpstreamConfig>
 
 fn build_store(p: &mut Problems, file: &FileConfig) -> Option<StoreConfig> {
     let store = file.store.as_ref();
-    match (store.and_then(|s| s.postgres.as_ref()), store.and_then(|s| s.embedded.as_ref())) {
+    match (
+        store.and_then(|s| s.postgres.as_ref()),
+        store.and_then(|s| s.embedded.as_ref()),
+    ) {
         (Some(_), Some(_)) => {
-            p.push("store", "configure either `postgres` or `embedded`, not both");
+            p.push(
+                "store",
+                "configure either `postgres` or `embedded`, not both",
+            );
             None
         }
         (Some(pg), None) => {
             let Some(url) = pg.url.clone() else {
-                p.push("store.postgres.url", "required (or set DATABASE_URL / --database-url)");
+                p.push(
+                    "store.postgres.url",
+                    "required (or set DATABASE_URL / --database-url)",
+                );
                 return None;
             };
             if let Err(e) = url.parse::<tokio_postgres::Config>() {
@@ -227,9 +265,16 @@ fn build_client_id(p: &mut Problems, file: &FileConfig) -> Option<ClientIdSource
     let Some(c) = &file.client_id else {
         return Some(ClientIdSource::Static("default".into()));
     };
-    let given = [c.header.is_some(), c.authorization.is_some(), c.static_name.is_some()];
+    let given = [
+        c.header.is_some(),
+        c.authorization.is_some(),
+        c.static_name.is_some(),
+    ];
     if given.iter().filter(|g| **g).count() != 1 {
-        p.push("client_id", "set exactly one of `header`, `authorization` or `static`");
+        p.push(
+            "client_id",
+            "set exactly one of `header`, `authorization` or `static`",
+        );
         return None;
     }
     if let Some(h) = &c.header {
@@ -243,20 +288,31 @@ fn build_client_id(p: &mut Problems, file: &FileConfig) -> Option<ClientIdSource
     }
     if let Some(a) = &c.authorization {
         if a != "sha256" {
-            p.push("client_id.authorization", format!("`{a}`: the only supported value is `sha256`"));
+            p.push(
+                "client_id.authorization",
+                format!("`{a}`: the only supported value is `sha256`"),
+            );
             return None;
         }
         return Some(ClientIdSource::AuthorizationSha256);
     }
     let name = c.static_name.clone().unwrap_or_default();
     if name.is_empty() || !crate::proxy::is_visible_ascii(&name) {
-        p.push("client_id.static", "must be a non-empty printable ASCII name");
+        p.push(
+            "client_id.static",
+            "must be a non-empty printable ASCII name",
+        );
         return None;
     }
     Some(ClientIdSource::Static(name))
 }
 
-fn build_routes(p: &mut Problems, routes: &[FileRoute], base: &Policy, store_timeout: Duration) -> Vec<Route> {
+fn build_routes(
+    p: &mut Problems,
+    routes: &[FileRoute],
+    base: &Policy,
+    store_timeout: Duration,
+) -> Vec<Route> {
     let mut names = HashSet::new();
     let mut out = Vec::new();
     for (i, r) in routes.iter().enumerate() {
@@ -266,7 +322,10 @@ fn build_routes(p: &mut Problems, routes: &[FileRoute], base: &Policy, store_tim
             continue;
         };
         if !names.insert(name.clone()) {
-            p.push(format!("{at}.name"), format!("`{name}` is used by an earlier route; names must be unique"));
+            p.push(
+                format!("{at}.name"),
+                format!("`{name}` is used by an earlier route; names must be unique"),
+            );
         }
         let pattern = match r.path.as_deref().map(PathPattern::parse) {
             Some(Ok(pattern)) => Some(pattern),
@@ -287,19 +346,29 @@ fn build_routes(p: &mut Problems, routes: &[FileRoute], base: &Policy, store_tim
             }
             Some(list) => list
                 .iter()
-                .filter_map(|m| match Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
-                    Ok(method) => Some(method),
-                    Err(_) => {
-                        p.push(format!("{at}.methods"), format!("`{m}` is not an HTTP method"));
-                        None
-                    }
-                })
+                .filter_map(
+                    |m| match Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+                        Ok(method) => Some(method),
+                        Err(_) => {
+                            p.push(
+                                format!("{at}.methods"),
+                                format!("`{m}` is not an HTTP method"),
+                            );
+                            None
+                        }
+                    },
+                )
                 .collect(),
         };
         let own = route_policy(r);
         let policy = merge_policy(p, &at, Some(base), &own, store_timeout);
         if let (Some(pattern), Some(policy)) = (pattern, policy) {
-            out.push(Route { name, methods, pattern, policy });
+            out.push(Route {
+                name,
+                methods,
+                pattern,
+                policy,
+            });
         }
     }
     out
@@ -321,14 +390,22 @@ fn route_policy(r: &FileRoute) -> FilePolicy {
         }),
         store_headers: r.store_headers.clone(),
         release_on: r.release_on.clone(),
-        fingerprint: r.fingerprint.as_ref().map(|f| super::file::FileFingerprint { fields: f.fields.clone() }),
+        fingerprint: r
+            .fingerprint
+            .as_ref()
+            .map(|f| super::file::FileFingerprint {
+                fields: f.fields.clone(),
+            }),
     }
 }
 
 fn header_name(p: &mut Problems, key: String, value: &str) -> Option<HeaderName> {
     match HeaderName::from_bytes(value.as_bytes()) {
         Ok(name) if HOP_BY_HOP.contains(&name.as_str()) => {
-            p.push(key, format!("`{value}` is a hop-by-hop header and cannot be used here"));
+            p.push(
+                key,
+                format!("`{value}` is a hop-by-hop header and cannot be used here"),
+            );
             None
         }
         Ok(name) => Some(name),
@@ -357,7 +434,11 @@ fn merge_policy(
         Some(h) => header_name(p, format!("{at}.upstream_key_header"), h),
         None => Some(base.map_or(default_key, |b| b.upstream_key_header.clone())),
     };
-    let lease = own.lease.map(|d| d.0).or(base.map(|b| b.lease)).unwrap_or(DEFAULT_LEASE);
+    let lease = own
+        .lease
+        .map(|d| d.0)
+        .or(base.map(|b| b.lease))
+        .unwrap_or(DEFAULT_LEASE);
     let retention = own
         .retention
         .map(|d| d.0)
@@ -385,25 +466,38 @@ fn merge_policy(
             ),
         );
     }
-    let max_body = own.max_body.map(|s| s.0).or(base.map(|b| b.max_body)).unwrap_or(DEFAULT_MAX_BODY);
+    let max_body = own
+        .max_body
+        .map(|s| s.0)
+        .or(base.map(|b| b.max_body))
+        .unwrap_or(DEFAULT_MAX_BODY);
     let max_stored_response = own
         .max_stored_response
         .map(|s| s.0)
         .or(base.map(|b| b.max_stored_response))
         .unwrap_or(DEFAULT_MAX_STORED_RESPONSE);
-    for (name, value) in [("max_body", max_body), ("max_stored_response", max_stored_response)] {
+    for (name, value) in [
+        ("max_body", max_body),
+        ("max_stored_response", max_stored_response),
+    ] {
         if value == 0 {
             p.push(format!("{at}.{name}"), "must be more than 0");
         } else if value > 1 << 30 {
             p.push(format!("{at}.{name}"), "must be at most 1GiB");
         }
     }
-    let require_key = own.require_key.or(base.map(|b| b.require_key)).unwrap_or(false);
+    let require_key = own
+        .require_key
+        .or(base.map(|b| b.require_key))
+        .unwrap_or(false);
     let on_conflict = match &own.on_conflict {
         None => base.map_or(OnConflict::Reject, |b| b.on_conflict),
         Some(FileOnConflict::Word(w)) if w == "reject" => OnConflict::Reject,
         Some(FileOnConflict::Word(w)) => {
-            p.push(format!("{at}.on_conflict"), format!("`{w}`: use `reject` or `{{ wait: 5s }}`"));
+            p.push(
+                format!("{at}.on_conflict"),
+                format!("`{w}`: use `reject` or `{{ wait: 5s }}`"),
+            );
             OnConflict::Reject
         }
         Some(FileOnConflict::Wait(w)) => OnConflict::Wait(w.wait.0),
@@ -411,7 +505,10 @@ fn merge_policy(
     let fingerprint_fields = match own.fingerprint.as_ref().and_then(|f| f.fields.as_ref()) {
         Some(fields) => {
             if fields.is_empty() {
-                p.push(format!("{at}.fingerprint.fields"), "list at least one JSON Pointer, or leave it out to fingerprint the whole body");
+                p.push(
+                    format!("{at}.fingerprint.fields"),
+                    "list at least one JSON Pointer, or leave it out to fingerprint the whole body",
+                );
             }
             for (i, field) in fields.iter().enumerate() {
                 if let Err(e) = crate::fingerprint::check_pointer(field) {
@@ -434,7 +531,10 @@ fn merge_policy(
         Some(list) => {
             for (i, code) in list.iter().enumerate() {
                 if !(100..=599).contains(code) {
-                    p.push(format!("{at}.release_on[{i}]"), format!("{code} is not an HTTP status"));
+                    p.push(
+                        format!("{at}.release_on[{i}]"),
+                        format!("{code} is not an HTTP status"),
+                    );
                 }
             }
             list.clone()

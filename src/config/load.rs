@@ -27,8 +27,8 @@ pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
     if text.trim().is_empty() {
         return Ok(FileConfig::default());
     }
-    let value: serde_json::Value =
-        serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax(format!("YAML syntax: {e}")))?;
+    let value: serde_json::Value = serde_saphyr::from_str(text)
+        .map_err(|e| ConfigError::Syntax(format!("YAML syntax: {e}")))?;
     if value.is_null() {
         return Ok(FileConfig::default());
     }
@@ -75,7 +75,9 @@ mod tests {
     const UP: &str = "upstream:\n  url: http://127.0.0.1:3000\n";
 
     fn err(text: &str) -> String {
-        load_str(text, &Overrides::default()).unwrap_err().to_string()
+        load_str(text, &Overrides::default())
+            .unwrap_err()
+            .to_string()
     }
 
     /// The design document's example parses and means what it says.
@@ -117,12 +119,21 @@ routes:
 "#;
         let c = load_str(text, &Overrides::default()).unwrap();
         assert!(matches!(c.store, StoreConfig::Postgres(ref pg) if pg.pool_size == 16));
-        assert_eq!(c.client_id, ClientIdSource::Header(http::HeaderName::from_static("x-client-id")));
+        assert_eq!(
+            c.client_id,
+            ClientIdSource::Header(http::HeaderName::from_static("x-client-id"))
+        );
         let routes = c.routes.routes();
         assert_eq!(routes.len(), 2);
         assert!(routes[0].policy.require_key);
-        assert_eq!(routes[0].policy.on_conflict, OnConflict::Wait(std::time::Duration::from_secs(5)));
-        assert_eq!(routes[0].policy.fingerprint_fields.as_ref().unwrap().len(), 4);
+        assert_eq!(
+            routes[0].policy.on_conflict,
+            OnConflict::Wait(std::time::Duration::from_secs(5))
+        );
+        assert_eq!(
+            routes[0].policy.fingerprint_fields.as_ref().unwrap().len(),
+            4
+        );
         assert!(!routes[1].policy.require_key);
         assert_eq!(routes[1].policy.lease, std::time::Duration::from_secs(30));
     }
@@ -130,7 +141,9 @@ routes:
     /// An unknown key is an error that names its full path.
     #[test]
     fn unknown_keys_name_their_path() {
-        let e = err(&format!("{UP}routes:\n  - name: a\n    path: /a\n    fingerprint:\n      feilds: [/a]\n"));
+        let e = err(&format!(
+            "{UP}routes:\n  - name: a\n    path: /a\n    fingerprint:\n      feilds: [/a]\n"
+        ));
         assert!(e.contains("routes[0].fingerprint"), "{e}");
         assert!(e.contains("feilds"), "{e}");
         let e = err(&format!("{UP}defaults:\n  leese: 3s\n"));
@@ -141,12 +154,19 @@ routes:
     #[test]
     fn impossible_settings_are_rejected() {
         let e = err(&format!("{UP}defaults:\n  lease: 2s\n"));
-        assert!(e.contains("defaults.lease") && e.contains("too short"), "{e}");
+        assert!(
+            e.contains("defaults.lease") && e.contains("too short"),
+            "{e}"
+        );
         let e = err(&format!("{UP}defaults:\n  lease: 1h\n  retention: 30m\n"));
         assert!(e.contains("defaults.retention"), "{e}");
-        let e = err(&format!("{UP}routes:\n  - name: a\n    path: /a\n  - name: a\n    path: /b\n"));
+        let e = err(&format!(
+            "{UP}routes:\n  - name: a\n    path: /a\n  - name: a\n    path: /b\n"
+        ));
         assert!(e.contains("routes[1].name") && e.contains("unique"), "{e}");
-        let e = err(&format!("{UP}routes:\n  - name: a\n    path: /a\n    fingerprint: {{ fields: [amount] }}\n"));
+        let e = err(&format!(
+            "{UP}routes:\n  - name: a\n    path: /a\n    fingerprint: {{ fields: [amount] }}\n"
+        ));
         assert!(e.contains("routes[0].fingerprint.fields[0]"), "{e}");
         let e = err("listen: nowhere\n");
         assert!(e.contains("listen") && e.contains("upstream.url"), "{e}");
@@ -163,13 +183,19 @@ routes:
     /// protecting every POST and PATCH.
     #[test]
     fn overrides_alone_are_enough() {
-        let o = Overrides { upstream: Some("http://127.0.0.1:3000".into()), ..Default::default() };
+        let o = Overrides {
+            upstream: Some("http://127.0.0.1:3000".into()),
+            ..Default::default()
+        };
         let c = load(None, &o).unwrap();
         assert!(matches!(c.store, StoreConfig::Embedded { .. }));
         assert!(c.implicit_routes);
         assert!(c.routes.lookup(&http::Method::POST, "/anything").is_some());
         assert!(c.routes.lookup(&http::Method::GET, "/anything").is_none());
-        let o = Overrides { database_url: Some("postgres://u:secret@h/db".into()), ..o };
+        let o = Overrides {
+            database_url: Some("postgres://u:secret@h/db".into()),
+            ..o
+        };
         let c = load(None, &o).unwrap();
         assert!(matches!(c.store, StoreConfig::Postgres(_)));
         assert!(!c.to_string().contains("secret"));

@@ -171,8 +171,17 @@ impl fmt::Display for Config {
         writeln!(f, "listen: {}", self.listen)?;
         writeln!(f, "admin_listen: {}", self.admin_listen)?;
         writeln!(f, "upstream:")?;
-        writeln!(f, "  url: {}{}", self.upstream.origin, self.upstream.base_path.trim_start_matches('/'))?;
-        writeln!(f, "  connect_timeout: {}", format_duration(self.upstream.connect_timeout))?;
+        writeln!(
+            f,
+            "  url: {}{}",
+            self.upstream.origin,
+            self.upstream.base_path.trim_start_matches('/')
+        )?;
+        writeln!(
+            f,
+            "  connect_timeout: {}",
+            format_duration(self.upstream.connect_timeout)
+        )?;
         writeln!(f, "  timeout: {}", format_duration(self.upstream.timeout))?;
         writeln!(f, "store:")?;
         match &self.store {
@@ -180,7 +189,11 @@ impl fmt::Display for Config {
                 writeln!(f, "  postgres:")?;
                 writeln!(f, "    url: {}", redact_url(&pg.url))?;
                 writeln!(f, "    pool_size: {}", pg.pool_size)?;
-                writeln!(f, "    connect_timeout: {}", format_duration(pg.connect_timeout))?;
+                writeln!(
+                    f,
+                    "    connect_timeout: {}",
+                    format_duration(pg.connect_timeout)
+                )?;
                 writeln!(f, "    timeout: {}", format_duration(pg.timeout))?;
             }
             StoreConfig::Embedded { path } => {
@@ -190,12 +203,21 @@ impl fmt::Display for Config {
         }
         match &self.client_id {
             ClientIdSource::Header(h) => writeln!(f, "client_id:\n  header: {h}")?,
-            ClientIdSource::AuthorizationSha256 => writeln!(f, "client_id:\n  authorization: sha256")?,
+            ClientIdSource::AuthorizationSha256 => {
+                writeln!(f, "client_id:\n  authorization: sha256")?
+            }
             ClientIdSource::Static(name) => writeln!(f, "client_id:\n  static: {name}")?,
         }
-        writeln!(f, "shutdown_grace: {}", format_duration(self.shutdown_grace))?;
+        writeln!(
+            f,
+            "shutdown_grace: {}",
+            format_duration(self.shutdown_grace)
+        )?;
         if self.implicit_routes {
-            writeln!(f, "# no routes configured: every POST and PATCH carrying a key is protected")?;
+            writeln!(
+                f,
+                "# no routes configured: every POST and PATCH carrying a key is protected"
+            )?;
         }
         writeln!(f, "routes:")?;
         for route in self.routes.routes() {
@@ -210,13 +232,21 @@ impl fmt::Display for Config {
             writeln!(f, "    lease: {}", format_duration(p.lease))?;
             writeln!(f, "    retention: {}", format_duration(p.retention))?;
             writeln!(f, "    max_body: {}", format_size(p.max_body))?;
-            writeln!(f, "    max_stored_response: {}", format_size(p.max_stored_response))?;
+            writeln!(
+                f,
+                "    max_stored_response: {}",
+                format_size(p.max_stored_response)
+            )?;
             match p.on_conflict {
                 OnConflict::Reject => writeln!(f, "    on_conflict: reject")?,
-                OnConflict::Wait(d) => writeln!(f, "    on_conflict: {{ wait: {} }}", format_duration(d))?,
+                OnConflict::Wait(d) => {
+                    writeln!(f, "    on_conflict: {{ wait: {} }}", format_duration(d))?
+                }
             }
             match &p.fingerprint_fields {
-                Some(fields) => writeln!(f, "    fingerprint: {{ fields: [{}] }}", fields.join(", "))?,
+                Some(fields) => {
+                    writeln!(f, "    fingerprint: {{ fields: [{}] }}", fields.join(", "))?
+                }
                 None => writeln!(f, "    fingerprint: whole body")?,
             }
             let stored: Vec<&str> = ["content-type", "location"]

@@ -25,15 +25,21 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let mut total = Duration::ZERO;
     let mut rest = text;
     while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
         if digits == 0 {
-            return Err(format!("`{text}` is not a duration; write it like 30s, 250ms or 24h"));
+            return Err(format!(
+                "`{text}` is not a duration; write it like 30s, 250ms or 24h"
+            ));
         }
         let number: u64 = rest[..digits]
             .parse()
             .map_err(|_| format!("`{text}`: number too large"))?;
         rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let unit = &rest[..unit_len];
         rest = &rest[unit_len..];
         let millis_per_unit: u64 = match unit {
@@ -66,9 +72,13 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// Parses `1024`, `64KiB`, `1MiB`, `1GiB`, `500KB`, `1MB` (binary and decimal units).
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     if digits == 0 {
-        return Err(format!("`{text}` is not a size; write it like 1MiB or 512KiB"));
+        return Err(format!(
+            "`{text}` is not a size; write it like 1MiB or 512KiB"
+        ));
     }
     let number: u64 = text[..digits]
         .parse()
@@ -98,7 +108,12 @@ pub fn format_duration(d: Duration) -> String {
     if ms == 0 {
         return "0s".into();
     }
-    for (unit, per) in [("d", 86_400_000u128), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
+    for (unit, per) in [
+        ("d", 86_400_000u128),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
         if ms % per == 0 {
             return format!("{}{unit}", ms / per);
         }
@@ -127,7 +142,9 @@ impl fmt::Display for Expecting {
 impl<'de> Deserialize<'de> for HumanDuration {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = de_text(deserializer, "a duration like 30s, 250ms or 24h")?;
-        parse_duration(&text).map(HumanDuration).map_err(de::Error::custom)
+        parse_duration(&text)
+            .map(HumanDuration)
+            .map_err(de::Error::custom)
     }
 }
 
@@ -140,11 +157,17 @@ impl<'de> Deserialize<'de> for HumanSize {
 
 /// Accepts a string, or a bare number (so that `max_body: 1024` means bytes and
 /// `lease: 30` gets a message about the missing unit instead of a type error).
-fn de_text<'de, D: Deserializer<'de>>(deserializer: D, what: &'static str) -> Result<String, D::Error> {
+fn de_text<'de, D: Deserializer<'de>>(
+    deserializer: D,
+    what: &'static str,
+) -> Result<String, D::Error> {
     match serde_json::Value::deserialize(deserializer)? {
         serde_json::Value::String(s) => Ok(s),
         serde_json::Value::Number(n) => Ok(n.to_string()),
-        other => Err(de::Error::invalid_type(unexpected(&other), &Expecting(what).to_string().as_str())),
+        other => Err(de::Error::invalid_type(
+            unexpected(&other),
+            &Expecting(what).to_string().as_str(),
+        )),
     }
 }
 
@@ -176,7 +199,15 @@ mod tests {
     /// A number without a unit, a unit without a number and nonsense are errors, not zero.
     #[test]
     fn bad_durations_are_errors() {
-        for bad in ["", "30", "s", "30 sec", "1.5s", "-1s", "99999999999999999999s"] {
+        for bad in [
+            "",
+            "30",
+            "s",
+            "30 sec",
+            "1.5s",
+            "-1s",
+            "99999999999999999999s",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }

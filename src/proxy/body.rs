@@ -13,7 +13,9 @@ pub type ProxyBody = BoxBody<Bytes, BoxError>;
 
 /// A body of known bytes.
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
-    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 /// An empty body.
@@ -63,7 +65,10 @@ pub struct Prefixed<B> {
 impl<B> Prefixed<B> {
     /// `prefix` first, then everything `rest` still yields.
     pub fn new(prefix: Bytes, rest: B) -> Self {
-        Self { prefix: Some(prefix), rest }
+        Self {
+            prefix: Some(prefix),
+            rest,
+        }
     }
 }
 

@@ -26,12 +26,15 @@ use super::service::{Shared, drop_length, error_chain};
 use crate::config::Route;
 use crate::fingerprint::Fingerprint;
 use crate::problem::ProxyError;
-use crate::store::{Completion, Fence, Fenced, KeyStore, Reservation, ReserveRequest, StoredResponse};
+use crate::store::{
+    Completion, Fence, Fenced, KeyStore, Reservation, ReserveRequest, StoredResponse,
+};
 
 /// How long to keep retrying a completion the store refused to take (store unreachable).
 const COMPLETION_RETRY_WINDOW: Duration = Duration::from_secs(300);
 /// First and largest pause between completion retries.
-const COMPLETION_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+const COMPLETION_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(5));
 /// What a duplicate is told to wait before retrying while the first request runs.
 const CONFLICT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -85,7 +88,11 @@ enum Upstream {
     /// A whole answer, small enough to store.
     Answered { head: response::Parts, body: Bytes },
     /// An answer too large to store: what was read so far, and the rest of the stream.
-    TooLarge { head: response::Parts, prefix: Bytes, rest: Incoming },
+    TooLarge {
+        head: response::Parts,
+        prefix: Bytes,
+        rest: Incoming,
+    },
     /// Nothing reached the upstream.
     NotSent(BoxError),
     /// The upstream may have acted, but we have no answer.
@@ -93,7 +100,11 @@ enum Upstream {
 }
 
 /// Runs one protected request to the end, whether or not anyone still waits on `tx`.
-pub(crate) async fn run<S: KeyStore>(shared: Arc<Shared<S>>, job: Job, tx: oneshot::Sender<Answer>) {
+pub(crate) async fn run<S: KeyStore>(
+    shared: Arc<Shared<S>>,
+    job: Job,
+    tx: oneshot::Sender<Answer>,
+) {
     let policy = &job.route.policy;
     let reservation = shared
         .store
@@ -110,14 +121,28 @@ pub(crate) async fn run<S: KeyStore>(shared: Arc<Shared<S>>, job: Job, tx: onesh
         Ok(Reservation::Reserved(lease)) => lease,
         Ok(Reservation::Done(stored)) => return answer(tx, Outcome::Replayed, Ok(replay(stored))),
         Ok(Reservation::InProgress { .. }) => {
-            let err = ProxyError::InProgress { retry_after: CONFLICT_RETRY_AFTER };
+            let err = ProxyError::InProgress {
+                retry_after: CONFLICT_RETRY_AFTER,
+            };
             return answer(tx, Outcome::Conflict, Err(err));
         }
-        Ok(Reservation::Mismatch) => return answer(tx, Outcome::Mismatch, Err(ProxyError::KeyReused)),
-        Ok(Reservation::NotReplayable { status }) => {
-            return answer(tx, Outcome::NotReplayable, Err(ProxyError::NotReplayable { status }));
+        Ok(Reservation::Mismatch) => {
+            return answer(tx, Outcome::Mismatch, Err(ProxyError::KeyReused));
         }
-        Err(e) => return answer(tx, Outcome::StoreError, Err(ProxyError::StoreUnavailable(e))),
+        Ok(Reservation::NotReplayable { status }) => {
+            return answer(
+                tx,
+                Outcome::NotReplayable,
+                Err(ProxyError::NotReplayable { status }),
+            );
+        }
+        Err(e) => {
+            return answer(
+                tx,
+                Outcome::StoreError,
+                Err(ProxyError::StoreUnavailable(e)),
+            );
+        }
     };
     if lease.takeover {
         tracing::warn!(
@@ -128,13 +153,21 @@ pub(crate) async fn run<S: KeyStore>(shared: Arc<Shared<S>>, job: Job, tx: onesh
     }
 
     let derived = derived_key(&job.client_id, &job.key);
-    let fence = Fence { client_id: job.client_id, key: job.key, token: lease.token };
+    let fence = Fence {
+        client_id: job.client_id,
+        key: job.key,
+        token: lease.token,
+    };
     let mut parts = job.parts;
     parts.headers.remove(&policy.key_header);
     if let Ok(value) = HeaderValue::from_str(&derived) {
-        parts.headers.insert(policy.upstream_key_header.clone(), value);
+        parts
+            .headers
+            .insert(policy.upstream_key_header.clone(), value);
     }
-    let request = shared.forwarder.upstream_request(parts, full(job.body), job.peer);
+    let request = shared
+        .forwarder
+        .upstream_request(parts, full(job.body), job.peer);
 
     let upstream = {
         let call = call_upstream(&shared, request, policy.max_stored_response);
@@ -152,7 +185,11 @@ pub(crate) async fn run<S: KeyStore>(shared: Arc<Shared<S>>, job: Job, tx: onesh
             if let Err(e) = shared.store.release(&fence).await {
                 tracing::warn!(cause = %e, "could not release the key; it frees up when its lease runs out");
             }
-            answer(tx, Outcome::UpstreamError, Err(ProxyError::UpstreamUnreachable(cause)));
+            answer(
+                tx,
+                Outcome::UpstreamError,
+                Err(ProxyError::UpstreamUnreachable(cause)),
+            );
         }
         Upstream::Unknown(err) => {
             // The upstream may have acted: keep the key in progress (renewal has stopped, so
@@ -168,7 +205,11 @@ pub(crate) async fn run<S: KeyStore>(shared: Arc<Shared<S>>, job: Job, tx: onesh
                 if let Err(e) = shared.store.release(&fence).await {
                     tracing::warn!(cause = %e, "could not release the key; it frees up when its lease runs out");
                 }
-                return answer(tx, Outcome::Released, Ok(Response::from_parts(head, full(body))));
+                return answer(
+                    tx,
+                    Outcome::Released,
+                    Ok(Response::from_parts(head, full(body))),
+                );
             }
             let completion = Completion::Stored(StoredResponse {
                 status,
@@ -176,23 +217,44 @@ pub(crate) async fn run<S: KeyStore>(shared: Arc<Shared<S>>, job: Job, tx: onesh
                 body: body.clone(),
             });
             let first = shared.store.complete(&fence, &completion).await;
-            answer(tx, Outcome::Executed, Ok(Response::from_parts(head, full(body))));
+            answer(
+                tx,
+                Outcome::Executed,
+                Ok(Response::from_parts(head, full(body))),
+            );
             settle(&shared.store, &fence, &completion, first).await;
         }
-        Upstream::TooLarge { mut head, prefix, rest } => {
+        Upstream::TooLarge {
+            mut head,
+            prefix,
+            rest,
+        } => {
             strip_hop_by_hop(&mut head.headers);
-            let completion = Completion::NotReplayable { status: head.status.as_u16() };
+            let completion = Completion::NotReplayable {
+                status: head.status.as_u16(),
+            };
             let first = shared.store.complete(&fence, &completion).await;
             let body = boxed(Prefixed::new(prefix, rest));
-            answer(tx, Outcome::NotReplayable, Ok(Response::from_parts(head, body)));
+            answer(
+                tx,
+                Outcome::NotReplayable,
+                Ok(Response::from_parts(head, body)),
+            );
             settle(&shared.store, &fence, &completion, first).await;
         }
     }
 }
 
-fn answer(tx: oneshot::Sender<Answer>, outcome: Outcome, result: Result<Response<ProxyBody>, ProxyError>) {
+fn answer(
+    tx: oneshot::Sender<Answer>,
+    outcome: Outcome,
+    result: Result<Response<ProxyBody>, ProxyError>,
+) {
     if tx.send((outcome, result)).is_err() {
-        tracing::debug!(outcome = outcome.as_str(), "client went away before its answer; the outcome is kept");
+        tracing::debug!(
+            outcome = outcome.as_str(),
+            "client went away before its answer; the outcome is kept"
+        );
     }
 }
 
@@ -207,12 +269,18 @@ fn replay(stored: StoredResponse) -> Response<ProxyBody> {
 }
 
 /// Calls the upstream and reads its answer, all within the upstream timeout.
-async fn call_upstream<S>(shared: &Shared<S>, request: http::Request<ProxyBody>, max_stored: u64) -> Upstream {
+async fn call_upstream<S>(
+    shared: &Shared<S>,
+    request: http::Request<ProxyBody>,
+    max_stored: u64,
+) -> Upstream {
     let deadline = Instant::now() + shared.forwarder.upstream().timeout;
     let resp = match timeout_at(deadline, shared.forwarder.send(request)).await {
         Err(_) => return Upstream::Unknown(ProxyError::UpstreamTimeout),
         Ok(Err(ForwardError::NotSent(e))) => return Upstream::NotSent(e),
-        Ok(Err(ForwardError::Failed(e))) => return Upstream::Unknown(ProxyError::UpstreamFailed(e)),
+        Ok(Err(ForwardError::Failed(e))) => {
+            return Upstream::Unknown(ProxyError::UpstreamFailed(e));
+        }
         Ok(Ok(resp)) => resp,
     };
     let (head, mut body) = resp.into_parts();
@@ -221,7 +289,12 @@ async fn call_upstream<S>(shared: &Shared<S>, request: http::Request<ProxyBody>,
     loop {
         match timeout_at(deadline, body.frame()).await {
             Err(_) => return Upstream::Unknown(ProxyError::UpstreamTimeout),
-            Ok(None) => return Upstream::Answered { head, body: buf.freeze() },
+            Ok(None) => {
+                return Upstream::Answered {
+                    head,
+                    body: buf.freeze(),
+                };
+            }
             Ok(Some(Err(e))) => return Upstream::Unknown(ProxyError::UpstreamFailed(Box::new(e))),
             Ok(Some(Ok(frame))) => {
                 let Ok(data) = frame.into_data() else {
@@ -229,7 +302,11 @@ async fn call_upstream<S>(shared: &Shared<S>, request: http::Request<ProxyBody>,
                 };
                 if buf.len() + data.len() > limit {
                     buf.extend_from_slice(&data);
-                    return Upstream::TooLarge { head, prefix: buf.freeze(), rest: body };
+                    return Upstream::TooLarge {
+                        head,
+                        prefix: buf.freeze(),
+                        rest: body,
+                    };
                 }
                 buf.extend_from_slice(&data);
             }
@@ -244,7 +321,9 @@ async fn keep_lease<S: KeyStore>(store: &S, fence: &Fence, lease: Duration) -> I
         match store.renew(fence, lease).await {
             Ok(Fenced::Applied) => {}
             Ok(Fenced::Refused) => {
-                tracing::warn!("lease lost to a takeover or an eviction; the completion will be fenced off");
+                tracing::warn!(
+                    "lease lost to a takeover or an eviction; the completion will be fenced off"
+                );
                 return std::future::pending().await;
             }
             Err(e) => tracing::warn!(cause = %e, "could not renew the lease; will try again"),
@@ -254,7 +333,12 @@ async fn keep_lease<S: KeyStore>(store: &S, fence: &Fence, lease: Duration) -> I
 
 /// Finishes a completion whose first attempt is `first`: logs a fenced-off write, retries a
 /// failed one with backoff for a bounded time.
-async fn settle<S: KeyStore>(store: &S, fence: &Fence, completion: &Completion, first: Result<Fenced, crate::store::StoreError>) {
+async fn settle<S: KeyStore>(
+    store: &S,
+    fence: &Fence,
+    completion: &Completion,
+    first: Result<Fenced, crate::store::StoreError>,
+) {
     let mut result = first;
     let give_up = Instant::now() + COMPLETION_RETRY_WINDOW;
     let mut pause = COMPLETION_BACKOFF.0;

@@ -55,12 +55,18 @@ impl Forwarder {
 
     /// Turns a client request's head into the upstream request: upstream URI, hop-by-hop
     /// headers stripped, `X-Forwarded-*` set, `Host` left to the client to set.
-    pub fn upstream_request(&self, mut parts: request::Parts, body: ProxyBody, peer: SocketAddr) -> Request<ProxyBody> {
-        let original_host = parts
-            .headers
-            .get(header::HOST)
-            .cloned()
-            .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+    pub fn upstream_request(
+        &self,
+        mut parts: request::Parts,
+        body: ProxyBody,
+        peer: SocketAddr,
+    ) -> Request<ProxyBody> {
+        let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
         strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::HOST);
         set_forwarded(&mut parts.headers, peer, original_host);
@@ -73,7 +79,10 @@ impl Forwarder {
         let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
         let joined = format!("{}{pq}", self.upstream.base_path);
         let mut parts = self.upstream.origin.clone().into_parts();
-        parts.path_and_query = joined.parse().ok().or_else(|| Some(PathAndQuery::from_static("/")));
+        parts.path_and_query = joined
+            .parse()
+            .ok()
+            .or_else(|| Some(PathAndQuery::from_static("/")));
         Uri::from_parts(parts).unwrap_or_else(|_| self.upstream.origin.clone())
     }
 

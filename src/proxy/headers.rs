@@ -26,7 +26,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Sets `X-Forwarded-For` (appended), `-Proto` and `-Host` for the upstream.
-pub fn set_forwarded(headers: &mut HeaderMap, peer: SocketAddr, original_host: Option<HeaderValue>) {
+pub fn set_forwarded(
+    headers: &mut HeaderMap,
+    peer: SocketAddr,
+    original_host: Option<HeaderValue>,
+) {
     let ip = peer.ip().to_string();
     let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
         Some(prior) if !prior.trim().is_empty() => format!("{prior}, {ip}"),
@@ -74,7 +78,9 @@ pub fn decode_stored(block: &[u8]) -> HeaderMap {
         };
         let (name, value) = (&line[..colon], &line[colon + 1..]);
         let value = value.strip_prefix(b" ").unwrap_or(value);
-        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {
+        if let (Ok(name), Ok(value)) =
+            (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+        {
             headers.append(name, value);
         }
     }
@@ -89,10 +95,19 @@ mod tests {
     #[test]
     fn strips_hop_by_hop() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
         h.insert("x-secret", HeaderValue::from_static("1"));
-        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key(header::CONTENT_TYPE));
@@ -102,16 +117,26 @@ mod tests {
     #[test]
     fn stored_headers_round_trip() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         h.insert(header::LOCATION, HeaderValue::from_static("/payments/1"));
         h.insert(header::SET_COOKIE, HeaderValue::from_static("session=1"));
         h.append("x-request-id", HeaderValue::from_bytes(b"a\xffb").unwrap());
-        h.append("x-request-id", HeaderValue::from_static("second: with colon"));
+        h.append(
+            "x-request-id",
+            HeaderValue::from_static("second: with colon"),
+        );
         let block = encode_stored(&h, &[HeaderName::from_static("x-request-id")]);
         let back = decode_stored(&block);
         assert_eq!(back.len(), 4);
         assert!(!back.contains_key(header::SET_COOKIE));
-        let ids: Vec<&[u8]> = back.get_all("x-request-id").iter().map(HeaderValue::as_bytes).collect();
+        let ids: Vec<&[u8]> = back
+            .get_all("x-request-id")
+            .iter()
+            .map(HeaderValue::as_bytes)
+            .collect();
         assert_eq!(ids, vec![&b"a\xffb"[..], b"second: with colon"]);
     }
 
@@ -120,7 +145,11 @@ mod tests {
     fn forwarded_for_appends() {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
-        set_forwarded(&mut h, "127.0.0.2:5000".parse().unwrap(), Some(HeaderValue::from_static("api.example")));
+        set_forwarded(
+            &mut h,
+            "127.0.0.2:5000".parse().unwrap(),
+            Some(HeaderValue::from_static("api.example")),
+        );
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.2");
         assert_eq!(h["x-forwarded-host"], "api.example");
         assert_eq!(h["x-forwarded-proto"], "http");

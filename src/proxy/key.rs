@@ -48,7 +48,10 @@ pub fn parse_key(headers: &HeaderMap, name: &HeaderName) -> Result<Option<String
         return Err("it is empty".into());
     }
     if key.len() > MAX_KEY_LEN {
-        return Err(format!("it is {} characters long; the limit is {MAX_KEY_LEN}", key.len()));
+        return Err(format!(
+            "it is {} characters long; the limit is {MAX_KEY_LEN}",
+            key.len()
+        ));
     }
     Ok(Some(key))
 }
@@ -100,7 +103,9 @@ pub fn client_id(headers: &HeaderMap, source: &ClientIdSource) -> Result<String,
                 });
             };
             if values.next().is_some() {
-                return Err(ProxyError::InvalidClientId { reason: format!("`{name}` was sent more than once") });
+                return Err(ProxyError::InvalidClientId {
+                    reason: format!("`{name}` was sent more than once"),
+                });
             }
             let id = std::str::from_utf8(value.as_bytes())
                 .ok()
@@ -171,7 +176,17 @@ mod tests {
     #[test]
     fn rejects() {
         let long = vec![b'k'; 256];
-        for bad in [&b""[..], b"\"\"", &long, b"caf\xc3\xa9", b"\"abc", b"\"a\"b", b"\"a\\n\"", b"a,b", b"a\tb"] {
+        for bad in [
+            &b""[..],
+            b"\"\"",
+            &long,
+            b"caf\xc3\xa9",
+            b"\"abc",
+            b"\"a\"b",
+            b"\"a\\n\"",
+            b"a,b",
+            b"a\tb",
+        ] {
             assert!(key(&[bad]).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
         assert!(key(&[&[b'k'; 255]]).is_ok());
@@ -192,13 +207,21 @@ mod tests {
         let mut h = HeaderMap::new();
         let src = ClientIdSource::Header(HeaderName::from_static("x-client-id"));
         assert_eq!(client_id(&h, &src).unwrap_err().status(), 400);
-        assert_eq!(client_id(&h, &ClientIdSource::AuthorizationSha256).unwrap_err().status(), 401);
+        assert_eq!(
+            client_id(&h, &ClientIdSource::AuthorizationSha256)
+                .unwrap_err()
+                .status(),
+            401
+        );
         h.insert("x-client-id", HeaderValue::from_static("shop-1"));
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k1"));
         assert_eq!(client_id(&h, &src).unwrap(), "shop-1");
         let a = client_id(&h, &ClientIdSource::AuthorizationSha256).unwrap();
         assert_eq!(a.len(), 64);
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k2"));
-        assert_ne!(client_id(&h, &ClientIdSource::AuthorizationSha256).unwrap(), a);
+        assert_ne!(
+            client_id(&h, &ClientIdSource::AuthorizationSha256).unwrap(),
+            a
+        );
     }
 }

@@ -48,18 +48,25 @@ where
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > policy.max_body) {
-        return Err(ProxyError::BodyTooLarge { limit: policy.max_body });
+        return Err(ProxyError::BodyTooLarge {
+            limit: policy.max_body,
+        });
     }
-    let body = collect_limited(body, policy.max_body).await.map_err(|e| match e {
-        CollectError::TooLarge(limit) => ProxyError::BodyTooLarge { limit },
-        CollectError::Read(e) => ProxyError::BodyRead(e),
-    })?;
+    let body = collect_limited(body, policy.max_body)
+        .await
+        .map_err(|e| match e {
+            CollectError::TooLarge(limit) => ProxyError::BodyTooLarge { limit },
+            CollectError::Read(e) => ProxyError::BodyRead(e),
+        })?;
 
     let fp = fingerprint(&fingerprint::Request {
         method: parts.method.as_str(),
         path: parts.uri.path(),
         query: parts.uri.query(),
-        content_type: parts.headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes()),
+        content_type: parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.as_bytes()),
         body: &body,
         fields: policy.fingerprint_fields.as_deref(),
     })?;
@@ -67,7 +74,15 @@ where
     // Logs carry a short hash of (client, key), never either in clear.
     let tag = hex(&Sha256::digest(derived_key(&client_id, &key).as_bytes())[..6]);
     let (tx, rx) = oneshot::channel();
-    let job = Job { route: Arc::clone(&route), client_id, key, fingerprint: fp, parts, body, peer };
+    let job = Job {
+        route: Arc::clone(&route),
+        client_id,
+        key,
+        fingerprint: fp,
+        parts,
+        body,
+        peer,
+    };
     shared.tasks.spawn(run(Arc::clone(shared), job, tx));
     let (outcome, result) = match rx.await {
         Ok(answer) => answer,

@@ -39,7 +39,9 @@ pub struct Proxy<S> {
 
 impl<S> Clone for Proxy<S> {
     fn clone(&self) -> Self {
-        Self { shared: Arc::clone(&self.shared) }
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
     }
 }
 
@@ -48,7 +50,12 @@ impl<S: KeyStore> Proxy<S> {
     pub fn new(config: Arc<Config>, store: S) -> Self {
         let forwarder = Forwarder::new(config.upstream.clone());
         Self {
-            shared: Arc::new(Shared { config, store, forwarder, tasks: TaskTracker::new() }),
+            shared: Arc::new(Shared {
+                config,
+                store,
+                forwarder,
+                tasks: TaskTracker::new(),
+            }),
         }
     }
 
@@ -84,30 +91,48 @@ impl<S: KeyStore> Proxy<S> {
         }
     }
 
-    async fn handle_inner<B>(&self, req: Request<B>, peer: SocketAddr) -> Result<Response<ProxyBody>, ProxyError>
+    async fn handle_inner<B>(
+        &self,
+        req: Request<B>,
+        peer: SocketAddr,
+    ) -> Result<Response<ProxyBody>, ProxyError>
     where
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
-        let Some(route) = self.shared.config.routes.lookup(req.method(), req.uri().path()) else {
+        let Some(route) = self
+            .shared
+            .config
+            .routes
+            .lookup(req.method(), req.uri().path())
+        else {
             return self.pass_through(req, peer).await;
         };
         let policy = &route.policy;
         let key = match parse_key(req.headers(), &policy.key_header) {
             Ok(Some(key)) => key,
             Ok(None) if policy.require_key => {
-                return Err(ProxyError::MissingKey { header: policy.key_header.to_string() });
+                return Err(ProxyError::MissingKey {
+                    header: policy.key_header.to_string(),
+                });
             }
             Ok(None) => return self.pass_through(req, peer).await,
             Err(reason) => {
-                return Err(ProxyError::InvalidKey { header: policy.key_header.to_string(), reason });
+                return Err(ProxyError::InvalidKey {
+                    header: policy.key_header.to_string(),
+                    reason,
+                });
             }
         };
         protect::protect(&self.shared, Arc::clone(route), key, req, peer).await
     }
 
     /// Forwards an unprotected request as it is, streaming both ways.
-    async fn pass_through<B>(&self, req: Request<B>, peer: SocketAddr) -> Result<Response<ProxyBody>, ProxyError>
+    async fn pass_through<B>(
+        &self,
+        req: Request<B>,
+        peer: SocketAddr,
+    ) -> Result<Response<ProxyBody>, ProxyError>
     where
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,

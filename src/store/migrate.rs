@@ -20,7 +20,8 @@ const MIGRATION_LOCK: i64 = 0x6964_656d;
 /// Applies every migration not yet applied; returns the versions it applied.
 pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, StoreError> {
     let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS idemproxy_migrations (
              version    integer PRIMARY KEY,

@@ -41,15 +41,21 @@ pub struct PgStore {
 impl PgStore {
     /// Builds the pool; no connection is made until the first call.
     pub fn new(config: &PostgresConfig) -> Result<Self, StoreError> {
-        let mut pg: tokio_postgres::Config = config
-            .url
-            .parse()
-            .map_err(|e: tokio_postgres::Error| StoreError::Corrupt(format!("database URL: {e}")))?;
+        let mut pg: tokio_postgres::Config =
+            config.url.parse().map_err(|e: tokio_postgres::Error| {
+                StoreError::Corrupt(format!("database URL: {e}"))
+            })?;
         pg.connect_timeout(config.connect_timeout);
         if pg.get_application_name().is_none() {
             pg.application_name("idemproxy");
         }
-        let manager = Manager::from_config(pg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let manager = Manager::from_config(
+            pg,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
         let pool = Pool::builder(manager)
             .max_size(config.pool_size)
             .runtime(Runtime::Tokio1)
@@ -60,7 +66,10 @@ impl PgStore {
             })
             .build()
             .map_err(|e| StoreError::Corrupt(format!("pool: {e}")))?;
-        Ok(Self { pool, timeout: config.timeout })
+        Ok(Self {
+            pool,
+            timeout: config.timeout,
+        })
     }
 
     /// The pool, for migrations and gauges.
@@ -68,13 +77,21 @@ impl PgStore {
         &self.pool
     }
 
-    async fn bounded<T>(&self, fut: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    async fn bounded<T>(
+        &self,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         tokio::time::timeout(self.timeout, fut)
             .await
             .map_err(|_| StoreError::Timeout(self.timeout))?
     }
 
-    async fn fenced(&self, sql: &str, fence: &Fence, extra: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> Result<Fenced, StoreError> {
+    async fn fenced(
+        &self,
+        sql: &str,
+        fence: &Fence,
+        extra: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Fenced, StoreError> {
         self.bounded(async {
             let client = self.pool.get().await?;
             let stmt = client.prepare_cached(sql).await?;
@@ -82,7 +99,11 @@ impl PgStore {
                 vec![&fence.client_id, &fence.key, &fence.token];
             params.extend_from_slice(extra);
             let n = client.execute(&stmt, &params).await?;
-            Ok(if n == 1 { Fenced::Applied } else { Fenced::Refused })
+            Ok(if n == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Refused
+            })
         })
         .await
     }
@@ -101,7 +122,14 @@ impl KeyStore for PgStore {
             let row = client
                 .query_one(
                     &stmt,
-                    &[&req.client_id, &req.key, &fp, &req.route, &millis(req.lease), &millis(req.retention)],
+                    &[
+                        &req.client_id,
+                        &req.key,
+                        &fp,
+                        &req.route,
+                        &millis(req.lease),
+                        &millis(req.retention),
+                    ],
                 )
                 .await?;
             let outcome: &str = row.try_get(0)?;
@@ -113,12 +141,15 @@ impl KeyStore for PgStore {
                 }),
                 "in_progress" => {
                     let ms: i64 = row.try_get(3)?;
-                    Reservation::InProgress { lease_remaining: Duration::from_millis(ms.max(0) as u64) }
+                    Reservation::InProgress {
+                        lease_remaining: Duration::from_millis(ms.max(0) as u64),
+                    }
                 }
                 "mismatch" => Reservation::Mismatch,
                 "done" => {
                     let status: i16 = row.try_get(4)?;
-                    let status = u16::try_from(status).map_err(|_| StoreError::Corrupt(format!("status {status}")))?;
+                    let status = u16::try_from(status)
+                        .map_err(|_| StoreError::Corrupt(format!("status {status}")))?;
                     if row.try_get::<_, Option<bool>>(7)? == Some(false) {
                         Reservation::NotReplayable { status }
                     } else {
@@ -143,11 +174,18 @@ impl KeyStore for PgStore {
     }
 
     async fn complete(&self, fence: &Fence, completion: &Completion) -> Result<Fenced, StoreError> {
-        let (status, headers, body, replayable): (i16, Option<&[u8]>, Option<&[u8]>, bool) = match completion {
-            Completion::Stored(r) => (r.status as i16, Some(r.headers.as_ref()), Some(r.body.as_ref()), true),
-            Completion::NotReplayable { status } => (*status as i16, None, None, false),
-        };
-        self.fenced(COMPLETE, fence, &[&status, &headers, &body, &replayable]).await
+        let (status, headers, body, replayable): (i16, Option<&[u8]>, Option<&[u8]>, bool) =
+            match completion {
+                Completion::Stored(r) => (
+                    r.status as i16,
+                    Some(r.headers.as_ref()),
+                    Some(r.body.as_ref()),
+                    true,
+                ),
+                Completion::NotReplayable { status } => (*status as i16, None, None, false),
+            };
+        self.fenced(COMPLETE, fence, &[&status, &headers, &body, &replayable])
+            .await
     }
 
     async fn release(&self, fence: &Fence) -> Result<Fenced, StoreError> {

@@ -59,7 +59,9 @@ pub enum Reservation {
 pub enum Completion {
     Stored(StoredResponse),
     /// The upstream answered, but the answer is too large to keep; only its status is kept.
-    NotReplayable { status: u16 },
+    NotReplayable {
+        status: u16,
+    },
 }
 
 /// Identifies one reservation: the row and the token it was handed.
@@ -96,10 +98,17 @@ pub enum StoreError {
 pub trait KeyStore: Send + Sync + 'static {
     /// Atomically inserts the key in progress, or takes over an expired lease with the same
     /// fingerprint; otherwise reports what the row says.
-    fn reserve(&self, req: &ReserveRequest<'_>) -> impl Future<Output = Result<Reservation, StoreError>> + Send;
+    fn reserve(
+        &self,
+        req: &ReserveRequest<'_>,
+    ) -> impl Future<Output = Result<Reservation, StoreError>> + Send;
 
     /// Extends our lease; `Refused` means it was taken over and renewal should stop.
-    fn renew(&self, fence: &Fence, lease: Duration) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+    fn renew(
+        &self,
+        fence: &Fence,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
 
     /// Marks the key done with the upstream's answer, if we still hold it.
     fn complete(

@@ -1,0 +1,92 @@
+//! Concurrent duplicates: the unique index picks one winner, everyone else is told so.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use support::*;
+
+/// The seed's scenario: two requests with one key at the same moment. One executes, the
+/// other gets 409 with Retry-After as a problem document; the upstream ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_pair_executes_once() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_millis(300),
+        ..Default::default()
+    })
+    .await;
+    let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    let body = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpose":"order-1"}"#;
+
+    let (a, b) = tokio::join!(
+        client.post("/payments", "shop-1", "key-1", body),
+        client.post("/payments", "shop-1", "key-1", body),
+    );
+    let mut statuses = vec![a.status.as_u16(), b.status.as_u16()];
+    statuses.sort();
+    assert_eq!(statuses, vec![201, 409], "{a:?} {b:?}");
+    let conflict = if a.status == 409 { &a } else { &b };
+    assert!(conflict.is_problem());
+    assert_eq!(conflict.headers["retry-after"], "1");
+    assert_eq!(conflict.json()["status"], 409);
+    assert_eq!(upstream.executions(), 1);
+    proxy.stop().await;
+}
+
+/// Fifty concurrent duplicates of each of twenty keys: exactly twenty executions, one per
+/// key, and every other duplicate got either 409 or the replayed answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_duplicates_of_twenty_keys() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_millis(200),
+        ..Default::default()
+    })
+    .await;
+    let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+
+    let mut tasks = Vec::new();
+    for _dup in 0..50 {
+        for key in 0..20u32 {
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let body =
+                    format!(r#"{{"amount":{key},"currency":"EUR","recipient":"r","purpose":"p"}}"#);
+                let reply = client
+                    .post("/payments", "shop-1", &format!("k-{key}"), &body)
+                    .await;
+                (key, reply)
+            }));
+        }
+    }
+    let mut executed: HashMap<u32, usize> = HashMap::new();
+    let mut answers: HashMap<u32, Vec<bytes::Bytes>> = HashMap::new();
+    for task in tasks {
+        let (key, reply) = task.await.unwrap();
+        match reply.status.as_u16() {
+            201 if !reply.replayed() => *executed.entry(key).or_default() += 1,
+            201 => {}
+            409 => assert!(reply.is_problem()),
+            other => panic!("unexpected status {other}: {reply:?}"),
+        }
+        if reply.status == 201 {
+            answers.entry(key).or_default().push(reply.body);
+        }
+    }
+    assert_eq!(upstream.executions(), 20, "exactly one execution per key");
+    assert_eq!(executed.len(), 20);
+    assert!(executed.values().all(|n| *n == 1), "{executed:?}");
+    for (key, bodies) in answers {
+        assert!(
+            bodies.windows(2).all(|w| w[0] == w[1]),
+            "key {key} got different answers"
+        );
+    }
+    proxy.stop().await;
+}

@@ -1,0 +1,188 @@
+//! Requests rejected before forwarding get a clear problem and reserve nothing, so the
+//! client can fix them and retry with the same key.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use support::*;
+
+const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpose":"order-1"}"#;
+
+/// Invalid JSON is 400 and reserves nothing; the corrected request with the same key then
+/// executes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_json_then_valid() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+
+    let bad = client
+        .post("/payments", "shop-1", "k", r#"{"amount":100,"#)
+        .await;
+    assert_eq!(bad.status, 400);
+    assert!(bad.is_problem());
+    assert!(
+        bad.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON"),
+        "{bad:?}"
+    );
+    assert_eq!(db.rows().await, 0);
+    assert_eq!(upstream.executions(), 0);
+
+    let good = client.post("/payments", "shop-1", "k", BODY).await;
+    assert_eq!(good.status, 201);
+    assert!(!good.replayed());
+    assert_eq!(upstream.executions(), 1);
+    proxy.stop().await;
+}
+
+/// Missing, over-long and repeated keys, a missing client id and an oversized body are
+/// each answered with a problem document of the right status; none reserves anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_reserve_nothing() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    let json = ("content-type", "application/json");
+    let shop = ("x-client-id", "shop-1");
+
+    let missing = client.send("POST", "/payments", &[json, shop], BODY).await;
+    assert_eq!(missing.status, 400);
+    assert!(
+        missing.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("Idempotency-Key")
+            || missing.json()["detail"]
+                .as_str()
+                .unwrap()
+                .contains("idempotency-key")
+    );
+
+    let long = "k".repeat(300);
+    let too_long = client
+        .send(
+            "POST",
+            "/payments",
+            &[json, shop, ("idempotency-key", &long)],
+            BODY,
+        )
+        .await;
+    assert_eq!(too_long.status, 400);
+    assert!(too_long.json()["detail"].as_str().unwrap().contains("255"));
+
+    let twice = client
+        .send(
+            "POST",
+            "/payments",
+            &[
+                json,
+                shop,
+                ("idempotency-key", "a"),
+                ("idempotency-key", "b"),
+            ],
+            BODY,
+        )
+        .await;
+    assert_eq!(twice.status, 400);
+    assert!(
+        twice.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("more than once")
+    );
+
+    let empty = client
+        .send(
+            "POST",
+            "/payments",
+            &[json, shop, ("idempotency-key", "\"\"")],
+            BODY,
+        )
+        .await;
+    assert_eq!(empty.status, 400);
+
+    let anonymous = client
+        .send("POST", "/payments", &[json, ("idempotency-key", "k")], BODY)
+        .await;
+    assert_eq!(anonymous.status, 400);
+    assert!(
+        anonymous.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("X-Client-Id")
+            || anonymous.json()["detail"]
+                .as_str()
+                .unwrap()
+                .contains("x-client-id")
+    );
+
+    // /orders/* allows 1 KiB.
+    let big = "x".repeat(2048);
+    let too_big = client
+        .send(
+            "POST",
+            "/orders/1",
+            &[
+                ("content-type", "text/plain"),
+                shop,
+                ("idempotency-key", "k"),
+            ],
+            &big,
+        )
+        .await;
+    assert_eq!(too_big.status, 413);
+    assert!(too_big.is_problem());
+
+    for reply in [&missing, &too_long, &twice, &empty, &anonymous, &too_big] {
+        assert!(reply.is_problem(), "{reply:?}");
+        assert_eq!(reply.json()["status"], reply.status.as_u16());
+        assert!(!reply.json()["type"].as_str().unwrap().is_empty());
+        assert!(!reply.json()["title"].as_str().unwrap().is_empty());
+    }
+    assert_eq!(db.rows().await, 0, "no rejected request reserved a key");
+    assert_eq!(upstream.executions(), 0);
+
+    // The same key, fixed, goes through.
+    let fixed = client
+        .send(
+            "POST",
+            "/orders/1",
+            &[
+                ("content-type", "text/plain"),
+                shop,
+                ("idempotency-key", "k"),
+            ],
+            "small",
+        )
+        .await;
+    assert_eq!(fixed.status, 201);
+    proxy.stop().await;
+}
+
+/// The store being unreachable at reserve fails closed: 503, nothing forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_down_at_reserve_fails_closed() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    // A port nothing listens on stands in for a database that is down.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let yaml = PAYMENTS.replace(
+        "\"{db}\"",
+        &format!("postgres://postgres@127.0.0.1:{port}/none"),
+    );
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    let reply = client.post("/payments", "shop-1", "k", BODY).await;
+    assert_eq!(reply.status, 503);
+    assert!(reply.is_problem());
+    assert_eq!(upstream.executions(), 0, "fail closed: never forwarded");
+    proxy.stop().await;
+}

@@ -1,0 +1,458 @@
+//! Test harness: a real PostgreSQL schema per test, a real upstream on an ephemeral port
+//! that counts executions, and the real proxy served through `server::run`.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use idemproxy::config::{Overrides, StoreConfig};
+use idemproxy::proxy::Proxy;
+use idemproxy::store::{PgStore, migrate};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// The server that holds the test databases; `DATABASE_URL` overrides it.
+pub fn admin_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+const TEST_DB: &str = "idemproxy_test";
+
+/// A fresh schema in the test database with the migrations applied.
+pub struct TestDb {
+    pub url: String,
+    pub schema: String,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        let admin = admin_url();
+        let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+            .await
+            .expect("PostgreSQL must be running for the integration tests (see README)");
+        tokio::spawn(conn);
+        if let Err(e) = client
+            .batch_execute(&format!("CREATE DATABASE {TEST_DB}"))
+            .await
+        {
+            // Several test processes race to create it; losing the race is fine.
+            let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();
+            assert!(
+                code == "42P04" || code == "23505",
+                "creating the test database: {e}"
+            );
+        }
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let schema = format!(
+            "t_{}_{}_{}",
+            std::process::id(),
+            nanos,
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut cfg: tokio_postgres::Config = admin.parse().unwrap();
+        cfg.dbname(TEST_DB);
+        let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap();
+        let url = with_search_path(&admin, &schema);
+        let db = TestDb { url, schema };
+        let store = db.store();
+        let mut obj = store.pool().get().await.unwrap();
+        migrate(&mut obj).await.unwrap();
+        db
+    }
+
+    /// A store on this schema.
+    pub fn store(&self) -> PgStore {
+        let StoreConfig::Postgres(pg) = idemproxy::config::load_store(
+            None,
+            &Overrides {
+                database_url: Some(self.url.clone()),
+                ..Default::default()
+            },
+        )
+        .unwrap() else {
+            unreachable!()
+        };
+        PgStore::new(&pg).unwrap()
+    }
+
+    /// A plain client on this schema, for looking at rows.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let (client, conn) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+    }
+
+    /// How many rows the key table holds.
+    pub async fn rows(&self) -> i64 {
+        self.client()
+            .await
+            .query_one("SELECT count(*) FROM idempotency_keys", &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+}
+
+/// `url` on the test database with `search_path` set to `schema`.
+pub fn with_search_path(admin: &str, schema: &str) -> String {
+    let mut base = admin.to_owned();
+    if let Some(q) = base.find('?') {
+        base.truncate(q);
+    }
+    let (prefix, _) = base.rsplit_once('/').expect("database URL has a path");
+    format!("{prefix}/{TEST_DB}?options=-csearch_path%3D{schema}")
+}
+
+/// How the fake upstream answers.
+#[derive(Clone, Debug)]
+pub struct Behavior {
+    pub delay: Duration,
+    pub status: u16,
+    /// Deduplicate by the derived key like a provider that supports idempotency keys.
+    pub dedupe: bool,
+}
+
+impl Default for Behavior {
+    fn default() -> Self {
+        Self {
+            delay: Duration::ZERO,
+            status: 201,
+            dedupe: false,
+        }
+    }
+}
+
+/// What the upstream saw of one request.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+#[derive(Default)]
+struct UpstreamState {
+    /// Every request that reached the handler ("executions").
+    executions: AtomicUsize,
+    /// Charges actually made (differs from executions when deduplicating).
+    charges: AtomicUsize,
+    by_key: Mutex<HashMap<String, String>>,
+    seen: Mutex<Vec<Seen>>,
+    behavior: Mutex<Behavior>,
+    /// Requests whose answer has been fully produced (after the delay).
+    finished: AtomicUsize,
+}
+
+/// A real HTTP upstream on 127.0.0.1 that counts executions.
+#[derive(Clone)]
+pub struct Upstream {
+    pub addr: SocketAddr,
+    state: Arc<UpstreamState>,
+}
+
+impl Upstream {
+    pub async fn spawn(behavior: Behavior) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(UpstreamState {
+            behavior: Mutex::new(behavior),
+            ..Default::default()
+        });
+        let st = Arc::clone(&state);
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let st = Arc::clone(&st);
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| handle_upstream(Arc::clone(&st), req));
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Upstream { addr, state }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn executions(&self) -> usize {
+        self.state.executions.load(Ordering::SeqCst)
+    }
+
+    pub fn charges(&self) -> usize {
+        self.state.charges.load(Ordering::SeqCst)
+    }
+
+    pub fn finished(&self) -> usize {
+        self.state.finished.load(Ordering::SeqCst)
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.state.seen.lock().unwrap().clone()
+    }
+
+    pub fn set(&self, behavior: Behavior) {
+        *self.state.behavior.lock().unwrap() = behavior;
+    }
+}
+
+async fn handle_upstream(
+    st: Arc<UpstreamState>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let behavior = st.behavior.lock().unwrap().clone();
+    st.executions.fetch_add(1, Ordering::SeqCst);
+    st.seen.lock().unwrap().push(Seen {
+        method: parts.method.to_string(),
+        path: parts
+            .uri
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_default(),
+        headers: parts.headers.clone(),
+        body: body.clone(),
+    });
+    let key = parts
+        .headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    // The "charge": made once per derived key when deduplicating, else every time.
+    let charge = {
+        let mut by_key = st.by_key.lock().unwrap();
+        match (&key, behavior.dedupe) {
+            (Some(k), true) if by_key.contains_key(k) => by_key[k].clone(),
+            _ => {
+                let n = st.charges.fetch_add(1, Ordering::SeqCst) + 1;
+                let charge = format!(
+                    r#"{{"charge_id":{n},"request":{}}}"#,
+                    serde_json::to_string(&String::from_utf8_lossy(&body)).unwrap()
+                );
+                if let Some(k) = key {
+                    by_key.insert(k, charge.clone());
+                }
+                charge
+            }
+        }
+    };
+    tokio::time::sleep(behavior.delay).await;
+    st.finished.fetch_add(1, Ordering::SeqCst);
+    let resp = Response::builder()
+        .status(behavior.status)
+        .header("content-type", "application/json")
+        .header("location", "/payments/1")
+        .header("set-cookie", "session=secret")
+        .header("x-upstream-only", "1")
+        .body(Full::new(Bytes::from(charge)))
+        .unwrap();
+    Ok(resp)
+}
+
+/// A proxy served on 127.0.0.1 by the library's own `server::run`.
+pub struct TestProxy {
+    pub addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl TestProxy {
+    /// Starts a proxy on `yaml` (a configuration; `{upstream}` and `{db}` are substituted).
+    pub async fn spawn(yaml: &str, upstream: &Upstream, db: &TestDb) -> Self {
+        let text = yaml
+            .replace("{upstream}", &upstream.url())
+            .replace("{db}", &db.url);
+        let config = Arc::new(
+            idemproxy::config::load_str(&text, &Overrides::default())
+                .expect("test config is valid"),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let StoreConfig::Postgres(pg) = &config.store else {
+            panic!("these tests run on PostgreSQL");
+        };
+        let proxy = Proxy::new(Arc::clone(&config), PgStore::new(pg).unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let handle = tokio::spawn(idemproxy::server::run(
+            listener,
+            proxy,
+            async {
+                let _ = rx.await;
+            },
+            Duration::from_secs(10),
+        ));
+        TestProxy {
+            addr,
+            shutdown: Some(tx),
+            handle,
+        }
+    }
+
+    /// Stops accepting, drains, and waits for the server to return.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.handle).await;
+    }
+}
+
+/// A response as the client saw it.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("not JSON: {:?}", self.body))
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+
+    pub fn is_problem(&self) -> bool {
+        self.headers
+            .get("content-type")
+            .is_some_and(|v| v == "application/problem+json")
+    }
+}
+
+/// A plain HTTP client for the tests.
+#[derive(Clone)]
+pub struct TestClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+    base: String,
+}
+
+impl TestClient {
+    pub fn new(proxy: &TestProxy) -> Self {
+        Self {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            base: format!("http://{}", proxy.addr),
+        }
+    }
+
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Reply {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(Bytes::from(body.to_owned()))).unwrap();
+        let resp = self.client.request(req).await.expect("proxy answers");
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    /// `POST path` with a JSON body, a key and a client id.
+    pub async fn post(&self, path: &str, client: &str, key: &str, body: &str) -> Reply {
+        self.send(
+            "POST",
+            path,
+            &[
+                ("content-type", "application/json"),
+                ("idempotency-key", key),
+                ("x-client-id", client),
+            ],
+            body,
+        )
+        .await
+    }
+}
+
+/// The usual configuration: one payments route with fingerprint fields, keys per client.
+pub const PAYMENTS: &str = r#"
+upstream:
+  url: {upstream}
+  timeout: 10s
+store:
+  postgres:
+    url: "{db}"
+    timeout: 1s
+client_id:
+  header: X-Client-Id
+defaults:
+  lease: 30s
+routes:
+  - name: create-payment
+    methods: [POST]
+    path: /payments
+    require_key: true
+    fingerprint:
+      fields: [/amount, /currency, /recipient, /purpose]
+  - name: orders
+    methods: [POST]
+    path: /orders/*
+    max_body: 1KiB
+"#;
+
+/// Polls `f` until it returns `Some`, for at most `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() > end {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
