@@ -54,6 +54,8 @@ pub enum ProxyError {
     UpstreamFailed(#[source] crate::proxy::body::BoxError),
     #[error("upstream timed out")]
     UpstreamTimeout,
+    #[error("recovery probe inconclusive")]
+    ProbeInconclusive { status: Option<u16> },
     #[error("internal error")]
     Internal,
 }
@@ -88,6 +90,7 @@ impl ProxyError {
                 StatusCode::BAD_GATEWAY
             }
             ProxyError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::ProbeInconclusive { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -164,6 +167,11 @@ impl ProxyError {
                 "upstream-timeout",
                 "Upstream timed out",
                 "The upstream service did not answer in time, so the outcome is unknown. Retry with the same key: the retry is answered once the outcome is settled.".to_owned(),
+            ),
+            ProxyError::ProbeInconclusive { .. } => (
+                "probe-inconclusive",
+                "Outcome of an earlier attempt unknown",
+                "An earlier attempt with this key may have been executed, and the upstream could not confirm either way, so the request was not executed again. Retry with the same key later.".to_owned(),
             ),
             ProxyError::Internal => (
                 "internal",

@@ -396,6 +396,7 @@ fn route_policy(r: &FileRoute) -> FilePolicy {
             .map(|f| super::file::FileFingerprint {
                 fields: f.fields.clone(),
             }),
+        recovery_probe: r.recovery_probe.clone(),
     }
 }
 
@@ -541,6 +542,10 @@ fn merge_policy(
         }
         None => base.map(|b| b.release_on.clone()).unwrap_or_default(),
     };
+    let recovery_probe = match &own.recovery_probe {
+        Some(probe) => build_probe(p, &format!("{at}.recovery_probe"), probe),
+        None => base.and_then(|b| b.recovery_probe.clone()),
+    };
     if p.0.len() != before {
         return None;
     }
@@ -556,5 +561,56 @@ fn merge_policy(
         fingerprint_fields,
         store_headers,
         release_on,
+        recovery_probe,
+    })
+}
+
+fn build_probe(
+    p: &mut Problems,
+    at: &str,
+    probe: &super::file::FileProbe,
+) -> Option<RecoveryProbe> {
+    let method = match Method::from_bytes(
+        probe
+            .method
+            .as_deref()
+            .unwrap_or("GET")
+            .to_ascii_uppercase()
+            .as_bytes(),
+    ) {
+        Ok(m) => m,
+        Err(_) => {
+            p.push(format!("{at}.method"), "not an HTTP method");
+            return None;
+        }
+    };
+    let Some(path) = probe.path.clone() else {
+        p.push(
+            format!("{at}.path"),
+            "required, e.g. /payments/by-key/{key}",
+        );
+        return None;
+    };
+    if !path.starts_with('/') || path.parse::<http::uri::PathAndQuery>().is_err() {
+        p.push(
+            format!("{at}.path"),
+            format!("`{path}` must be a path starting with `/`"),
+        );
+        return None;
+    }
+    let found = probe.found.clone().unwrap_or_else(|| vec![200]);
+    let not_found = probe.not_found.clone().unwrap_or_else(|| vec![404]);
+    if let Some(both) = found.iter().find(|s| not_found.contains(s)) {
+        p.push(
+            at,
+            format!("status {both} is in both `found` and `not_found`"),
+        );
+        return None;
+    }
+    Some(RecoveryProbe {
+        method,
+        path,
+        found,
+        not_found,
     })
 }

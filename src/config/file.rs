@@ -87,6 +87,16 @@ pub struct FileFingerprint {
     pub fields: Option<Vec<String>>,
 }
 
+/// `recovery_probe:` — how to ask the upstream whether an operation already happened.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileProbe {
+    pub method: Option<String>,
+    pub path: Option<String>,
+    pub found: Option<Vec<u16>>,
+    pub not_found: Option<Vec<u16>>,
+}
+
 /// The knobs shared by `defaults:` and each route. Kept as one macro so the two lists can
 /// never drift apart (serde's `flatten` cannot be combined with `deny_unknown_fields`).
 macro_rules! policy_struct {
@@ -107,6 +117,7 @@ macro_rules! policy_struct {
             pub store_headers: Option<Vec<String>>,
             pub release_on: Option<Vec<u16>>,
             pub fingerprint: Option<FileFingerprint>,
+            pub recovery_probe: Option<FileProbe>,
         }
     };
 }

@@ -149,6 +149,21 @@ pub struct Policy {
     pub store_headers: Vec<HeaderName>,
     /// Upstream statuses after which the key is released instead of stored.
     pub release_on: Vec<u16>,
+    /// Asked before re-executing after a takeover, for upstreams that cannot deduplicate.
+    pub recovery_probe: Option<RecoveryProbe>,
+}
+
+/// A request that asks the upstream whether the operation carrying a derived key already
+/// happened. `{key}` in the path is replaced by the percent-encoded derived key, which is
+/// also sent in the upstream key header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveryProbe {
+    pub method: Method,
+    pub path: String,
+    /// Statuses meaning "it happened": this answer is stored instead of executing again.
+    pub found: Vec<u16>,
+    /// Statuses meaning "it did not happen": execute.
+    pub not_found: Vec<u16>,
 }
 
 /// Hides the password of a `postgres://user:password@host/db` URL.
@@ -254,6 +269,18 @@ impl fmt::Display for Config {
                 .chain(p.store_headers.iter().map(HeaderName::as_str))
                 .collect();
             writeln!(f, "    store_headers: [{}]", stored.join(", "))?;
+            if let Some(probe) = &p.recovery_probe {
+                let found: Vec<String> = probe.found.iter().map(u16::to_string).collect();
+                let missing: Vec<String> = probe.not_found.iter().map(u16::to_string).collect();
+                writeln!(
+                    f,
+                    "    recovery_probe: {{ method: {}, path: {}, found: [{}], not_found: [{}] }}",
+                    probe.method,
+                    probe.path,
+                    found.join(", "),
+                    missing.join(", ")
+                )?;
+            }
             if !p.release_on.is_empty() {
                 let codes: Vec<String> = p.release_on.iter().map(u16::to_string).collect();
                 writeln!(f, "    release_on: [{}]", codes.join(", "))?;

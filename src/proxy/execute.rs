@@ -16,18 +16,19 @@ use http::{HeaderValue, Response, StatusCode, request, response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::sync::oneshot;
-use tokio::time::{Instant, sleep, timeout_at};
+use tokio::time::{Instant, sleep, sleep_until, timeout_at};
 
-use super::body::{BoxError, Prefixed, ProxyBody, boxed, full};
+use super::body::{BoxError, Prefixed, ProxyBody, boxed, empty, full};
 use super::forward::ForwardError;
 use super::headers::{decode_stored, encode_stored, strip_hop_by_hop};
 use super::key::derived_key;
 use super::service::{Shared, drop_length, error_chain};
-use crate::config::Route;
+use crate::config::{OnConflict, Policy, RecoveryProbe, Route};
 use crate::fingerprint::Fingerprint;
 use crate::problem::ProxyError;
 use crate::store::{
-    Completion, Fence, Fenced, KeyStore, Reservation, ReserveRequest, StoredResponse,
+    Completion, Fence, Fenced, KeyStore, Reservation, ReserveRequest, StoreError, StoredResponse,
+    key_id,
 };
 
 /// How long to keep retrying a completion the store refused to take (store unreachable).
@@ -35,6 +36,8 @@ const COMPLETION_RETRY_WINDOW: Duration = Duration::from_secs(300);
 /// First and largest pause between completion retries.
 const COMPLETION_BACKOFF: (Duration, Duration) =
     (Duration::from_millis(100), Duration::from_secs(5));
+/// How often a waiting duplicate re-checks the row if no notification came.
+const WAIT_FALLBACK_TICK: Duration = Duration::from_secs(1);
 /// What a duplicate is told to wait before retrying while the first request runs.
 const CONFLICT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -106,18 +109,7 @@ pub(crate) async fn run<S: KeyStore>(
     tx: oneshot::Sender<Answer>,
 ) {
     let policy = &job.route.policy;
-    let reservation = shared
-        .store
-        .reserve(&ReserveRequest {
-            client_id: &job.client_id,
-            key: &job.key,
-            fingerprint: &job.fingerprint,
-            route: &job.route.name,
-            lease: policy.lease,
-            retention: policy.retention,
-        })
-        .await;
-    let lease = match reservation {
+    let lease = match reserve(&shared, &job).await {
         Ok(Reservation::Reserved(lease)) => lease,
         Ok(Reservation::Done(stored)) => return answer(tx, Outcome::Replayed, Ok(replay(stored))),
         Ok(Reservation::InProgress { .. }) => {
@@ -130,11 +122,8 @@ pub(crate) async fn run<S: KeyStore>(
             return answer(tx, Outcome::Mismatch, Err(ProxyError::KeyReused));
         }
         Ok(Reservation::NotReplayable { status }) => {
-            return answer(
-                tx,
-                Outcome::NotReplayable,
-                Err(ProxyError::NotReplayable { status }),
-            );
+            let err = ProxyError::NotReplayable { status };
+            return answer(tx, Outcome::NotReplayable, Err(err));
         }
         Err(e) => {
             return answer(
@@ -153,28 +142,46 @@ pub(crate) async fn run<S: KeyStore>(
     }
 
     let derived = derived_key(&job.client_id, &job.key);
+    let derived_value = HeaderValue::from_str(&derived).ok();
     let fence = Fence {
         client_id: job.client_id,
         key: job.key,
         token: lease.token,
+        notify: matches!(policy.on_conflict, OnConflict::Wait(_)),
     };
     let mut parts = job.parts;
     parts.headers.remove(&policy.key_header);
-    if let Ok(value) = HeaderValue::from_str(&derived) {
+    if let Some(value) = &derived_value {
         parts
             .headers
-            .insert(policy.upstream_key_header.clone(), value);
+            .insert(policy.upstream_key_header.clone(), value.clone());
     }
     let request = shared
         .forwarder
         .upstream_request(parts, full(job.body), job.peer);
+    // Only a re-execution asks the probe: the first attempt may have happened.
+    let probe = policy.recovery_probe.as_ref().filter(|_| lease.takeover);
 
     let upstream = {
-        let call = call_upstream(&shared, request, policy.max_stored_response);
-        tokio::pin!(call);
+        let work = async {
+            if let Some(probe) = probe {
+                let verdict =
+                    ask_probe(&shared, probe, &derived, derived_value, policy, job.peer).await;
+                match verdict {
+                    Probe::Found(answer) => {
+                        tracing::warn!(route = %job.route.name, "recovery probe found the operation; storing its answer instead of executing again");
+                        return answer;
+                    }
+                    Probe::NotFound => {}
+                    Probe::Inconclusive(err) => return Upstream::Unknown(err),
+                }
+            }
+            call_upstream(&shared, request, policy.max_stored_response).await
+        };
+        tokio::pin!(work);
         tokio::select! {
             biased;
-            result = &mut call => result,
+            result = &mut work => result,
             never = keep_lease(&shared.store, &fence, policy.lease) => match never {},
         }
     };
@@ -243,6 +250,118 @@ pub(crate) async fn run<S: KeyStore>(
             settle(&shared.store, &fence, &completion, first).await;
         }
     }
+}
+
+/// Reserves the key; on a wait-mode route, a duplicate of a request in flight waits for it
+/// (woken by the store's notifications, with a slow fallback tick) up to the route's bound.
+async fn reserve<S: KeyStore>(shared: &Shared<S>, job: &Job) -> Result<Reservation, StoreError> {
+    let policy = &job.route.policy;
+    let request = ReserveRequest {
+        client_id: &job.client_id,
+        key: &job.key,
+        fingerprint: &job.fingerprint,
+        route: &job.route.name,
+        lease: policy.lease,
+        retention: policy.retention,
+    };
+    let first = shared.store.reserve(&request).await;
+    let OnConflict::Wait(limit) = policy.on_conflict else {
+        return first;
+    };
+    if !matches!(first, Ok(Reservation::InProgress { .. })) {
+        return first;
+    }
+    let deadline = Instant::now() + limit;
+    let notify = shared.store.subscribe(key_id(&job.client_id, &job.key));
+    loop {
+        // Enabled before the re-check, so a completion between the two is not missed.
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let now = shared.store.reserve(&request).await;
+        if !matches!(now, Ok(Reservation::InProgress { .. })) || Instant::now() >= deadline {
+            return now;
+        }
+        tokio::select! {
+            () = &mut notified => {}
+            () = sleep(WAIT_FALLBACK_TICK) => {}
+            () = sleep_until(deadline) => {}
+        }
+    }
+}
+
+/// What the recovery probe said.
+enum Probe {
+    /// The operation happened; this is its answer, to be stored.
+    Found(Upstream),
+    /// It did not: execute.
+    NotFound,
+    /// No usable answer: keep the key in progress and execute nothing.
+    Inconclusive(ProxyError),
+}
+
+/// Asks the upstream whether the operation carrying `derived` already happened.
+async fn ask_probe<S>(
+    shared: &Shared<S>,
+    probe: &RecoveryProbe,
+    derived: &str,
+    derived_value: Option<HeaderValue>,
+    policy: &Policy,
+    peer: SocketAddr,
+) -> Probe {
+    let path = probe.path.replace("{key}", &percent_encode(derived));
+    let Ok(request) = http::Request::builder()
+        .method(probe.method.clone())
+        .uri(path)
+        .body(())
+    else {
+        return Probe::Inconclusive(ProxyError::ProbeInconclusive { status: None });
+    };
+    let (mut parts, ()) = request.into_parts();
+    if let Some(value) = derived_value {
+        parts
+            .headers
+            .insert(policy.upstream_key_header.clone(), value);
+    }
+    let request = shared.forwarder.upstream_request(parts, empty(), peer);
+    let answer = call_upstream(shared, request, policy.max_stored_response).await;
+    let status = match &answer {
+        Upstream::Answered { head, .. } | Upstream::TooLarge { head, .. } => head.status.as_u16(),
+        Upstream::NotSent(e) => {
+            tracing::warn!(cause = %e, "recovery probe could not reach the upstream");
+            return Probe::Inconclusive(ProxyError::ProbeInconclusive { status: None });
+        }
+        Upstream::Unknown(e) => {
+            tracing::warn!(cause = %error_chain(e), "recovery probe failed");
+            return Probe::Inconclusive(ProxyError::ProbeInconclusive { status: None });
+        }
+    };
+    if probe.found.contains(&status) {
+        Probe::Found(answer)
+    } else if probe.not_found.contains(&status) {
+        Probe::NotFound
+    } else {
+        tracing::warn!(
+            status,
+            "recovery probe answered neither found nor not found"
+        );
+        Probe::Inconclusive(ProxyError::ProbeInconclusive {
+            status: Some(status),
+        })
+    }
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters, for a path segment.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 fn answer(

@@ -8,7 +8,9 @@
 mod migrate;
 mod postgres;
 mod types;
+mod waiters;
 
 pub use migrate::{MIGRATIONS, migrate};
 pub use postgres::PgStore;
 pub use types::*;
+pub use waiters::Waiters;

@@ -5,11 +5,15 @@
 //! one that is down instead of stalling requests.
 
 use std::future::Future;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime, Timeouts};
-use tokio_postgres::NoTls;
+use tokio::sync::Notify;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{AsyncMessage, NoTls};
 
+use super::Waiters;
 use super::types::*;
 use crate::config::PostgresConfig;
 
@@ -21,13 +25,26 @@ const RENEW: &str = "UPDATE idempotency_keys \
      SET locked_until = now() + $4 * interval '1 millisecond' \
      WHERE client_id = $1 AND key = $2 AND lease_token = $3 AND status = 'in_progress'";
 
-const COMPLETE: &str = "UPDATE idempotency_keys \
-     SET status = 'done', locked_until = NULL, completed_at = now(), \
-         response_status = $4, response_headers = $5, response_body = $6, replayable = $7 \
-     WHERE client_id = $1 AND key = $2 AND lease_token = $3 AND status = 'in_progress'";
+/// Completion and release wake waiting duplicates in the same statement (and so the same
+/// round trip) when `$5`/`$9` says someone may wait; `NOTIFY` is delivered at commit.
+const COMPLETE: &str = "WITH done AS ( \
+       UPDATE idempotency_keys \
+       SET status = 'done', locked_until = NULL, completed_at = now(), \
+           response_status = $6, response_headers = $7, response_body = $8, replayable = $9 \
+       WHERE client_id = $1 AND key = $2 AND lease_token = $3 AND status = 'in_progress' \
+       RETURNING 1) \
+     SELECT (SELECT count(*) FROM done), \
+            (SELECT pg_notify('idemproxy_done', $4) FROM done WHERE $5 LIMIT 1)::text";
 
-const RELEASE: &str = "DELETE FROM idempotency_keys \
-     WHERE client_id = $1 AND key = $2 AND lease_token = $3 AND status = 'in_progress'";
+const RELEASE: &str = "WITH gone AS ( \
+       DELETE FROM idempotency_keys \
+       WHERE client_id = $1 AND key = $2 AND lease_token = $3 AND status = 'in_progress' \
+       RETURNING 1) \
+     SELECT (SELECT count(*) FROM gone), \
+            (SELECT pg_notify('idemproxy_done', $4) FROM gone WHERE $5 LIMIT 1)::text";
+
+/// The channel every replica listens on for completions.
+const CHANNEL: &str = "idemproxy_done";
 
 /// PostgreSQL-backed [`KeyStore`].
 #[derive(Clone)]
@@ -36,6 +53,12 @@ pub struct PgStore {
     pool: Pool,
     /// Bound on one call (pool wait included).
     timeout: Duration,
+    /// Duplicates waiting in this process, woken from the `LISTEN` connection.
+    waiters: Arc<Waiters>,
+    /// Connection settings for the `LISTEN` connection, which lives outside the pool.
+    listen_config: tokio_postgres::Config,
+    /// Whether the `LISTEN` task was started (lazily: only wait-mode routes need it).
+    listening: Arc<OnceLock<()>>,
 }
 
 impl PgStore {
@@ -49,6 +72,7 @@ impl PgStore {
         if pg.get_application_name().is_none() {
             pg.application_name("idemproxy");
         }
+        let listen_config = pg.clone();
         let manager = Manager::from_config(
             pg,
             NoTls,
@@ -69,6 +93,9 @@ impl PgStore {
         Ok(Self {
             pool,
             timeout: config.timeout,
+            waiters: Arc::default(),
+            listen_config,
+            listening: Arc::default(),
         })
     }
 
@@ -86,19 +113,35 @@ impl PgStore {
             .map_err(|_| StoreError::Timeout(self.timeout))?
     }
 
+    /// Runs a statement that only applies while the row carries the fence's token.
+    /// `$1..$3` are the fence; `notify` adds `$4` (payload) and `$5` (whether to notify)
+    /// and reads the affected count from the first column instead of the command tag.
     async fn fenced(
         &self,
         sql: &str,
         fence: &Fence,
-        extra: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        notify: bool,
+        extra: &[&(dyn ToSql + Sync)],
     ) -> Result<Fenced, StoreError> {
         self.bounded(async {
             let client = self.pool.get().await?;
             let stmt = client.prepare_cached(sql).await?;
-            let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+            let payload = crate::proxy::hex(&fence.key_id());
+            let mut params: Vec<&(dyn ToSql + Sync)> =
                 vec![&fence.client_id, &fence.key, &fence.token];
+            if notify {
+                params.push(&payload);
+                params.push(&fence.notify);
+            }
             params.extend_from_slice(extra);
-            let n = client.execute(&stmt, &params).await?;
+            let n = if notify {
+                client
+                    .query_one(&stmt, &params)
+                    .await?
+                    .try_get::<_, i64>(0)? as u64
+            } else {
+                client.execute(&stmt, &params).await?
+            };
             Ok(if n == 1 {
                 Fenced::Applied
             } else {
@@ -170,7 +213,7 @@ impl KeyStore for PgStore {
     }
 
     async fn renew(&self, fence: &Fence, lease: Duration) -> Result<Fenced, StoreError> {
-        self.fenced(RENEW, fence, &[&millis(lease)]).await
+        self.fenced(RENEW, fence, false, &[&millis(lease)]).await
     }
 
     async fn complete(&self, fence: &Fence, completion: &Completion) -> Result<Fenced, StoreError> {
@@ -184,12 +227,28 @@ impl KeyStore for PgStore {
                 ),
                 Completion::NotReplayable { status } => (*status as i16, None, None, false),
             };
-        self.fenced(COMPLETE, fence, &[&status, &headers, &body, &replayable])
-            .await
+        self.fenced(
+            COMPLETE,
+            fence,
+            true,
+            &[&status, &headers, &body, &replayable],
+        )
+        .await
     }
 
     async fn release(&self, fence: &Fence) -> Result<Fenced, StoreError> {
-        self.fenced(RELEASE, fence, &[]).await
+        self.fenced(RELEASE, fence, true, &[]).await
+    }
+
+    fn subscribe(&self, id: KeyId) -> Arc<Notify> {
+        let notify = self.waiters.subscribe(id);
+        self.listening.get_or_init(|| {
+            tokio::spawn(listen(
+                self.listen_config.clone(),
+                Arc::clone(&self.waiters),
+            ));
+        });
+        notify
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -200,4 +259,64 @@ impl KeyStore for PgStore {
         })
         .await
     }
+}
+
+/// Keeps one `LISTEN` connection open for the life of the process, reconnecting with
+/// backoff, and wakes the waiters each notification names. After every (re)connect all
+/// waiters are woken once, since notifications may have been missed meanwhile.
+async fn listen(config: tokio_postgres::Config, waiters: Arc<Waiters>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match config.connect(NoTls).await {
+            Ok((client, mut connection)) => {
+                let drive = async {
+                    loop {
+                        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                            Some(Ok(AsyncMessage::Notification(n))) => {
+                                if let Some(id) = parse_key_id(n.payload()) {
+                                    waiters.wake(&id);
+                                }
+                            }
+                            Some(Ok(_)) => {}
+                            Some(Err(e)) => {
+                                tracing::warn!(cause = %e, "notification connection failed; reconnecting");
+                                return;
+                            }
+                            None => return,
+                        }
+                    }
+                };
+                tokio::pin!(drive);
+                let statement = format!("LISTEN {CHANNEL}");
+                let listening = tokio::select! {
+                    r = client.batch_execute(&statement) => r.is_ok(),
+                    () = &mut drive => false,
+                };
+                if listening {
+                    backoff = Duration::from_millis(100);
+                    waiters.wake_all();
+                    drive.await;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(cause = %e, "cannot open the notification connection; retrying")
+            }
+        }
+        waiters.wake_all();
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+fn parse_key_id(payload: &str) -> Option<KeyId> {
+    let bytes = payload.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let mut id = [0u8; 32];
+    for (i, pair) in bytes.chunks(2).enumerate() {
+        let text = std::str::from_utf8(pair).ok()?;
+        id[i] = u8::from_str_radix(text, 16).ok()?;
+    }
+    Some(id)
 }

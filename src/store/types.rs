@@ -3,7 +3,12 @@
 use std::future::Future;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
+use tokio::sync::Notify;
+
+pub use super::waiters::{KeyId, key_id};
 
 use crate::fingerprint::Fingerprint;
 
@@ -70,6 +75,17 @@ pub struct Fence {
     pub client_id: String,
     pub key: String,
     pub token: i64,
+    /// Whether duplicates may be waiting for this key (`on_conflict: wait`), so that
+    /// completing or releasing it must wake them. Off otherwise: notifications serialise
+    /// commits in PostgreSQL, and nobody would listen.
+    pub notify: bool,
+}
+
+impl Fence {
+    /// The key's identity in notifications.
+    pub fn key_id(&self) -> KeyId {
+        key_id(&self.client_id, &self.key)
+    }
 }
 
 /// Whether a fenced write took effect.
@@ -119,6 +135,9 @@ pub trait KeyStore: Send + Sync + 'static {
 
     /// Deletes our reservation so that the same key can execute again.
     fn release(&self, fence: &Fence) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// A notifier woken when `id` is completed or released (by any replica).
+    fn subscribe(&self, id: KeyId) -> Arc<Notify>;
 
     /// Whether the store answers at all (readiness).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
