@@ -570,19 +570,14 @@ fn build_probe(
     at: &str,
     probe: &super::file::FileProbe,
 ) -> Option<RecoveryProbe> {
-    let method = match Method::from_bytes(
-        probe
-            .method
-            .as_deref()
-            .unwrap_or("GET")
-            .to_ascii_uppercase()
-            .as_bytes(),
-    ) {
-        Ok(m) => m,
-        Err(_) => {
-            p.push(format!("{at}.method"), "not an HTTP method");
-            return None;
-        }
+    let written = probe
+        .method
+        .as_deref()
+        .unwrap_or("GET")
+        .to_ascii_uppercase();
+    let Ok(method) = Method::from_bytes(written.as_bytes()) else {
+        p.push(format!("{at}.method"), "not an HTTP method");
+        return None;
     };
     let Some(path) = probe.path.clone() else {
         p.push(
