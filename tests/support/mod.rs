@@ -134,6 +134,8 @@ pub struct Behavior {
     pub status: u16,
     /// Deduplicate by the derived key like a provider that supports idempotency keys.
     pub dedupe: bool,
+    /// Pad the answer to at least this many bytes.
+    pub pad_to: usize,
 }
 
 impl Default for Behavior {
@@ -142,6 +144,7 @@ impl Default for Behavior {
             delay: Duration::ZERO,
             status: 201,
             dedupe: false,
+            pad_to: 0,
         }
     }
 }
@@ -166,6 +169,8 @@ struct UpstreamState {
     behavior: Mutex<Behavior>,
     /// Requests whose answer has been fully produced (after the delay).
     finished: AtomicUsize,
+    /// Recovery probes answered (`/probe/{key}`), not counted as executions.
+    probes: AtomicUsize,
 }
 
 /// A real HTTP upstream on 127.0.0.1 that counts executions.
@@ -177,7 +182,12 @@ pub struct Upstream {
 
 impl Upstream {
     pub async fn spawn(behavior: Behavior) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::spawn_at("127.0.0.1:0".parse().unwrap(), behavior).await
+    }
+
+    /// Starts the upstream on a given address (to bring a "down" upstream back up).
+    pub async fn spawn_at(addr: SocketAddr, behavior: Behavior) -> Self {
+        let listener = TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(UpstreamState {
             behavior: Mutex::new(behavior),
@@ -213,6 +223,10 @@ impl Upstream {
         self.state.charges.load(Ordering::SeqCst)
     }
 
+    pub fn probes(&self) -> usize {
+        self.state.probes.load(Ordering::SeqCst)
+    }
+
     pub fn finished(&self) -> usize {
         self.state.finished.load(Ordering::SeqCst)
     }
@@ -236,6 +250,22 @@ async fn handle_upstream(
         .await
         .map(|c| c.to_bytes())
         .unwrap_or_default();
+    if let Some(probed) = parts.uri.path().strip_prefix("/probe/") {
+        // A provider's "did the operation with this key happen?" endpoint.
+        st.probes.fetch_add(1, Ordering::SeqCst);
+        let key = percent_decode(probed);
+        let found = st.by_key.lock().unwrap().get(&key).cloned();
+        let (status, body) = match found {
+            Some(charge) => (200, charge),
+            None => (404, r#"{"error":"no such operation"}"#.to_owned()),
+        };
+        let resp = Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        return Ok(resp);
+    }
     let behavior = st.behavior.lock().unwrap().clone();
     st.executions.fetch_add(1, Ordering::SeqCst);
     st.seen.lock().unwrap().push(Seen {
@@ -271,6 +301,10 @@ async fn handle_upstream(
             }
         }
     };
+    let mut charge = charge;
+    if charge.len() < behavior.pad_to {
+        charge = format!("{charge}{}", " ".repeat(behavior.pad_to - charge.len()));
+    }
     tokio::time::sleep(behavior.delay).await;
     st.finished.fetch_add(1, Ordering::SeqCst);
     let resp = Response::builder()
@@ -282,6 +316,188 @@ async fn handle_upstream(
         .body(Full::new(Bytes::from(charge)))
         .unwrap();
     Ok(resp)
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&text[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A TCP relay that a test can cut (every connection dropped, new ones refused) and
+/// restore: a database or upstream going away and coming back, for real.
+#[derive(Clone)]
+pub struct Relay {
+    pub addr: SocketAddr,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Relay {
+    pub async fn spawn(target: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let relay = Relay {
+            addr,
+            up: Arc::default(),
+            conns: Arc::default(),
+        };
+        relay.up.store(true, Ordering::SeqCst);
+        let r = relay.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                if !r.up.load(Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                let task = tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                r.conns.lock().unwrap().push(task.abort_handle());
+            }
+        });
+        relay
+    }
+
+    /// Drops every relayed connection and refuses new ones.
+    pub fn cut(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        for c in self.conns.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+
+    /// Accepts connections again.
+    pub fn restore(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+
+    /// A relay in front of the test database's server, and the database URL through it.
+    pub async fn for_db(db: &TestDb) -> (Relay, String) {
+        let cfg: tokio_postgres::Config = db.url.parse().unwrap();
+        let host = match &cfg.get_hosts()[0] {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            other @ tokio_postgres::config::Host::Unix(_) => {
+                panic!("the relay needs a TCP database host, not {other:?}")
+            }
+        };
+        let port = cfg.get_ports().first().copied().unwrap_or(5432);
+        let target = tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .unwrap()
+            .next()
+            .unwrap();
+        let relay = Relay::spawn(target).await;
+        let url = db
+            .url
+            .replacen(&format!("{host}:{port}"), &relay.addr.to_string(), 1);
+        assert_ne!(
+            url, db.url,
+            "the database URL must name host:port explicitly"
+        );
+        (relay, url)
+    }
+}
+
+/// The `idemproxy` binary running as its own process, for SIGKILL and SIGTERM tests.
+pub struct ProxyProcess {
+    pub addr: SocketAddr,
+    pub child: tokio::process::Child,
+    pub log: std::path::PathBuf,
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl ProxyProcess {
+    /// Starts the binary on `yaml` (`{upstream}`, `{db}` substituted; `{listen}` and
+    /// `{admin}` get free ports) and waits until it accepts connections.
+    pub async fn spawn(yaml: &str, upstream: &Upstream, db: &TestDb) -> Self {
+        let port = free_port();
+        let text = yaml
+            .replace("{upstream}", &upstream.url())
+            .replace("{db}", &db.url)
+            .replace("{admin}", &format!("127.0.0.1:{}", free_port()));
+        let dir =
+            std::env::temp_dir().join(format!("idemproxy-test-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("config.yaml");
+        std::fs::write(&config, text).unwrap();
+        let log = dir.join("stderr.log");
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .env_remove("DATABASE_URL")
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let up = eventually(Duration::from_secs(20), || async move {
+            tokio::net::TcpStream::connect(addr).await.ok().map(|_| ())
+        })
+        .await;
+        assert!(
+            up.is_some(),
+            "the proxy process did not start; see {}",
+            log.display()
+        );
+        ProxyProcess { addr, child, log }
+    }
+
+    /// The process's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL: no cleanup, no drain — a crash.
+    pub async fn kill(&mut self) {
+        self.child.kill().await.unwrap();
+    }
+
+    /// SIGTERM: the orchestrator's polite stop.
+    pub fn terminate(&self) {
+        let pid = self.child.id().expect("still running");
+        let status = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+/// A client for a proxy at `addr`.
+pub fn client_for(addr: SocketAddr) -> TestClient {
+    TestClient::at(addr)
 }
 
 /// A proxy served on 127.0.0.1 by the library's own `server::run`.
@@ -367,10 +583,39 @@ pub struct TestClient {
 
 impl TestClient {
     pub fn new(proxy: &TestProxy) -> Self {
+        Self::at(proxy.addr)
+    }
+
+    pub fn at(addr: SocketAddr) -> Self {
         Self {
             client: Client::builder(TokioExecutor::new()).build_http(),
-            base: format!("http://{}", proxy.addr),
+            base: format!("http://{addr}"),
         }
+    }
+
+    /// Like `send`, but a failed connection is an `Err` instead of a panic.
+    pub async fn try_send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Result<Reply, String> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(Bytes::from(body.to_owned()))).unwrap();
+        let resp = self.client.request(req).await.map_err(|e| e.to_string())?;
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+        Ok(Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
     }
 
     pub async fn send(
@@ -380,21 +625,9 @@ impl TestClient {
         headers: &[(&str, &str)],
         body: &str,
     ) -> Reply {
-        let mut req = Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base));
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let req = req.body(Full::new(Bytes::from(body.to_owned()))).unwrap();
-        let resp = self.client.request(req).await.expect("proxy answers");
-        let (parts, body) = resp.into_parts();
-        let body = body.collect().await.unwrap().to_bytes();
-        Reply {
-            status: parts.status,
-            headers: parts.headers,
-            body,
-        }
+        self.try_send(method, path, headers, body)
+            .await
+            .expect("proxy answers")
     }
 
     /// `POST path` with a JSON body, a key and a client id.

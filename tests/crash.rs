@@ -1,0 +1,164 @@
+//! The proxy process itself dies or is stopped mid-flight.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpose":"order-1"}"#;
+
+/// A short lease, so that a crashed proxy's keys free up within seconds.
+fn short_lease() -> String {
+    format!(
+        "admin_listen: \"{{admin}}\"\n{}",
+        PAYMENTS.replace("  lease: 30s\n", "  lease: 3s\n")
+    )
+}
+
+/// The seed's crash: the proxy is SIGKILLed while the upstream charges. A new process on
+/// the same database answers an immediate retry with 409; a retry after the lease takes the
+/// key over and re-executes with the same derived key, which the provider recognises, so
+/// exactly one charge is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_flight_then_takeover_charges_once() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_millis(1500),
+        dedupe: true,
+        ..Default::default()
+    })
+    .await;
+    let yaml = short_lease();
+    let mut first = ProxyProcess::spawn(&yaml, &upstream, &db).await;
+    let in_flight = {
+        let client = client_for(first.addr);
+        tokio::spawn(async move {
+            client
+                .try_send(
+                    "POST",
+                    "/payments",
+                    &[
+                        ("content-type", "application/json"),
+                        ("idempotency-key", "crash-1"),
+                        ("x-client-id", "shop-1"),
+                    ],
+                    BODY,
+                )
+                .await
+        })
+    };
+    let reached = eventually(Duration::from_secs(10), || async {
+        (upstream.executions() == 1).then_some(())
+    })
+    .await;
+    assert!(reached.is_some());
+    first.kill().await;
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the first client lost its connection"
+    );
+
+    let second = ProxyProcess::spawn(&yaml, &upstream, &db).await;
+    let client = client_for(second.addr);
+    let immediate = client.post("/payments", "shop-1", "crash-1", BODY).await;
+    assert_eq!(
+        immediate.status, 409,
+        "the dead worker's lease still holds: {immediate:?}"
+    );
+
+    let after_lease = eventually(Duration::from_secs(20), || {
+        let client = client.clone();
+        async move {
+            let reply = client.post("/payments", "shop-1", "crash-1", BODY).await;
+            (reply.status != 409).then_some(reply)
+        }
+    })
+    .await
+    .expect("the key is taken over once the lease runs out");
+    assert_eq!(after_lease.status, 201, "{after_lease:?}");
+    assert_eq!(
+        after_lease.json()["charge_id"],
+        1,
+        "the provider recognised the derived key"
+    );
+    assert_eq!(
+        upstream.executions(),
+        2,
+        "re-executed once after the takeover"
+    );
+    assert_eq!(upstream.charges(), 1, "charged exactly once");
+    let keys: Vec<_> = upstream
+        .seen()
+        .iter()
+        .map(|s| s.headers["idempotency-key"].clone())
+        .collect();
+    assert_eq!(keys, vec!["shop-1:crash-1", "shop-1:crash-1"]);
+
+    let replay = client.post("/payments", "shop-1", "crash-1", BODY).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, after_lease.body);
+    let attempts: i32 = db
+        .client()
+        .await
+        .query_one("SELECT attempts FROM idempotency_keys", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(attempts, 2);
+    assert!(
+        second.log_text().contains("took over an expired lease"),
+        "{}",
+        second.log_text()
+    );
+}
+
+/// SIGTERM while the upstream works: the call finishes, its answer is stored and sent, and
+/// the process exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_requests() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_millis(1500),
+        ..Default::default()
+    })
+    .await;
+    let mut proxy = ProxyProcess::spawn(&short_lease(), &upstream, &db).await;
+    let client = client_for(proxy.addr);
+    let in_flight = {
+        let client = client.clone();
+        tokio::spawn(async move { client.post("/payments", "shop-1", "term-1", BODY).await })
+    };
+    let reached = eventually(Duration::from_secs(10), || async {
+        (upstream.executions() == 1).then_some(())
+    })
+    .await;
+    assert!(reached.is_some());
+    proxy.terminate();
+
+    let reply = in_flight.await.unwrap();
+    assert_eq!(
+        reply.status, 201,
+        "the in-flight request was finished, not cut"
+    );
+    let status = tokio::time::timeout(Duration::from_secs(20), proxy.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        status.success(),
+        "exit status {status:?}; log:\n{}",
+        proxy.log_text()
+    );
+    let row = db
+        .client()
+        .await
+        .query_one("SELECT status, response_status FROM idempotency_keys", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "done");
+    assert_eq!(row.get::<_, i16>(1), 201);
+    assert_eq!(upstream.executions(), 1);
+}

@@ -1,0 +1,134 @@
+//! The upstream refuses, hangs, says "nothing was done", or answers too much.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+
+const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpose":"order-1"}"#;
+
+/// Connection refused means nothing was sent: 502, the key is released, and once the
+/// upstream is up the same key executes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_then_healthy() {
+    let db = TestDb::new().await;
+    let port = free_port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let yaml = PAYMENTS.replace("{upstream}", &format!("http://{addr}"));
+    // A placeholder upstream only for the harness's substitution; the route goes to `addr`.
+    let placeholder = Upstream::spawn(Behavior::default()).await;
+    let proxy = TestProxy::spawn(&yaml, &placeholder, &db).await;
+    let client = TestClient::new(&proxy);
+
+    let refused = client.post("/payments", "shop-1", "k", BODY).await;
+    assert_eq!(refused.status, 502);
+    assert!(refused.is_problem());
+    assert!(
+        refused.json()["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("upstream-unreachable")
+    );
+    assert_eq!(db.rows().await, 0, "released: nothing was sent");
+
+    let upstream = Upstream::spawn_at(addr, Behavior::default()).await;
+    let ok = client.post("/payments", "shop-1", "k", BODY).await;
+    assert_eq!(ok.status, 201);
+    assert!(!ok.replayed());
+    assert_eq!(upstream.executions(), 1);
+    proxy.stop().await;
+}
+
+/// An upstream that hangs past the timeout: 504, and the key stays in progress (the
+/// outcome is unknown), so a retry gets 409 instead of a second execution.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_upstream_keeps_the_key() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_secs(5),
+        ..Default::default()
+    })
+    .await;
+    let yaml = PAYMENTS.replace("  timeout: 10s\n", "  timeout: 500ms\n");
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+
+    let timed_out = client.post("/payments", "shop-1", "k", BODY).await;
+    assert_eq!(timed_out.status, 504);
+    assert!(timed_out.is_problem());
+    let retry = client.post("/payments", "shop-1", "k", BODY).await;
+    assert_eq!(retry.status, 409);
+    assert_eq!(upstream.executions(), 1);
+    proxy.stop().await;
+}
+
+/// A status listed in `release_on` releases the key instead of storing the answer: the
+/// client gets it, and the same key executes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_on_statuses_free_the_key() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::spawn(Behavior {
+        status: 503,
+        ..Default::default()
+    })
+    .await;
+    let yaml = PAYMENTS.replace(
+        "    require_key: true\n",
+        "    require_key: true\n    release_on: [503]\n",
+    );
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+
+    let busy = client.post("/payments", "shop-1", "k", BODY).await;
+    assert_eq!(busy.status, 503);
+    assert!(!busy.is_problem(), "the upstream's own answer");
+    assert_eq!(db.rows().await, 0);
+    upstream.set(Behavior::default());
+    let ok = client.post("/payments", "shop-1", "k", BODY).await;
+    assert_eq!(ok.status, 201);
+    assert!(!ok.replayed());
+    assert_eq!(upstream.executions(), 2);
+    proxy.stop().await;
+}
+
+/// An answer over `max_stored_response` reaches the first client whole; the key is
+/// completed as not replayable, so a retry gets a clear problem and nothing executes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_answers_are_not_replayable() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::spawn(Behavior {
+        pad_to: 200_000,
+        ..Default::default()
+    })
+    .await;
+    let yaml = PAYMENTS.replace(
+        "    require_key: true\n",
+        "    require_key: true\n    max_stored_response: 64KiB\n",
+    );
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+
+    let first = client.post("/payments", "shop-1", "k", BODY).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.body.len(), 200_000, "whole, not truncated");
+    assert!(first.body.starts_with(br#"{"charge_id":1"#));
+
+    let retry = client.post("/payments", "shop-1", "k", BODY).await;
+    assert_eq!(retry.status, 409);
+    assert!(retry.is_problem());
+    assert!(
+        retry.json()["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("not-replayable")
+    );
+    assert!(
+        retry.headers.get("retry-after").is_none(),
+        "retrying will not help"
+    );
+    assert_eq!(upstream.executions(), 1);
+    proxy.stop().await;
+}
