@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use idemproxy::config::{self, Config, Overrides, StoreConfig};
 use idemproxy::proxy::Proxy;
-use idemproxy::store::{KeyStore, PgStore, migrate};
+use idemproxy::store::{AnyStore, KeyStore, PgStore, migrate};
 use tokio::net::TcpListener;
 
 /// An HTTP reverse proxy that makes retried requests safe with Idempotency-Key semantics.
@@ -86,6 +86,7 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -143,13 +144,22 @@ async fn apply_migrations(store: &PgStore) -> anyhow::Result<()> {
 }
 
 async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> {
-    let store = postgres_store(&config.store)?;
-    tracing::info!(
-        store = "postgres",
-        "using the PostgreSQL store (shared by every replica on this database)"
-    );
-    if run_migrations {
-        apply_migrations(&store).await?;
+    let store = AnyStore::open(&config.store).context("opening the store")?;
+    match &store {
+        AnyStore::Postgres(pg) => {
+            tracing::info!(
+                store = "postgres",
+                "using the PostgreSQL store (shared by every replica on this database)"
+            );
+            if run_migrations {
+                apply_migrations(pg).await?;
+            }
+        }
+        AnyStore::Embedded(embedded) => tracing::warn!(
+            store = "embedded",
+            path = %embedded.path().display(),
+            "using the embedded store: for ONE proxy instance only; instances with separate files do not share keys (use PostgreSQL for replicas)"
+        ),
     }
     if let Err(e) = store.ping().await {
         tracing::warn!(cause = %e, "store unreachable at start; protected requests get 503 until it is back");

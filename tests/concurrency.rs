@@ -11,9 +11,7 @@ use support::*;
 
 /// The seed's scenario: two requests with one key at the same moment. One executes, the
 /// other gets 409 with Retry-After as a problem document; the upstream ran once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seed_pair_executes_once() {
-    let db = TestDb::new().await;
+async fn seed_pair_executes_once(db: Backend) {
     let upstream = Upstream::spawn(Behavior {
         delay: Duration::from_millis(300),
         ..Default::default()
@@ -40,9 +38,7 @@ async fn seed_pair_executes_once() {
 
 /// Fifty concurrent duplicates of each of twenty keys: exactly twenty executions, one per
 /// key, and every other duplicate got either 409 or the replayed answer.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fifty_duplicates_of_twenty_keys() {
-    let db = TestDb::new().await;
+async fn fifty_duplicates_of_twenty_keys(db: Backend) {
     let upstream = Upstream::spawn(Behavior {
         delay: Duration::from_millis(200),
         ..Default::default()
@@ -90,3 +86,43 @@ async fn fifty_duplicates_of_twenty_keys() {
     }
     proxy.stop().await;
 }
+
+/// A live worker's lease is renewed while the upstream works: a duplicate that arrives
+/// after the original lease would have run out still gets 409, never a takeover.
+async fn slow_upstream_keeps_its_lease(db: Backend) {
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_millis(5000),
+        ..Default::default()
+    })
+    .await;
+    let yaml = PAYMENTS.replace("  lease: 30s\n", "  lease: 3s\n");
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    let body = r#"{"amount":1,"currency":"RUB","recipient":"r","purpose":"p"}"#;
+    let first = {
+        let client = client.clone();
+        tokio::spawn(async move { client.post("/payments", "shop-1", "slow", body).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            (upstream.executions() == 1).then_some(())
+        })
+        .await
+        .is_some()
+    );
+    tokio::time::sleep(Duration::from_millis(4000)).await; // past the 3 s lease
+    let dup = client.post("/payments", "shop-1", "slow", body).await;
+    assert_eq!(
+        dup.status, 409,
+        "the lease was renewed, so no takeover: {dup:?}"
+    );
+    assert_eq!(first.await.unwrap().status, 201);
+    assert_eq!(upstream.executions(), 1);
+    proxy.stop().await;
+}
+
+on_both_stores!(
+    seed_pair_executes_once,
+    fifty_duplicates_of_twenty_keys,
+    slow_upstream_keeps_its_lease
+);

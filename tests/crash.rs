@@ -22,9 +22,7 @@ fn short_lease() -> String {
 /// the same database answers an immediate retry with 409; a retry after the lease takes the
 /// key over and re-executes with the same derived key, which the provider recognises, so
 /// exactly one charge is made.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_mid_flight_then_takeover_charges_once() {
-    let db = TestDb::new().await;
+async fn sigkill_mid_flight_then_takeover_charges_once(db: Backend) {
     let upstream = Upstream::spawn(Behavior {
         delay: Duration::from_millis(1500),
         dedupe: true,
@@ -100,13 +98,7 @@ async fn sigkill_mid_flight_then_takeover_charges_once() {
     let replay = client.post("/payments", "shop-1", "crash-1", BODY).await;
     assert!(replay.replayed());
     assert_eq!(replay.body, after_lease.body);
-    let attempts: i32 = db
-        .client()
-        .await
-        .query_one("SELECT attempts FROM idempotency_keys", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let attempts = db.lookup("shop-1", "crash-1").await.unwrap().attempts;
     assert_eq!(attempts, 2);
     assert!(
         second.log_text().contains("took over an expired lease"),
@@ -117,9 +109,7 @@ async fn sigkill_mid_flight_then_takeover_charges_once() {
 
 /// SIGTERM while the upstream works: the call finishes, its answer is stored and sent, and
 /// the process exits 0.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_drains_in_flight_requests() {
-    let db = TestDb::new().await;
+async fn sigterm_drains_in_flight_requests(db: Backend) {
     let upstream = Upstream::spawn(Behavior {
         delay: Duration::from_millis(1500),
         ..Default::default()
@@ -152,13 +142,35 @@ async fn sigterm_drains_in_flight_requests() {
         "exit status {status:?}; log:\n{}",
         proxy.log_text()
     );
-    let row = db
-        .client()
-        .await
-        .query_one("SELECT status, response_status FROM idempotency_keys", &[])
-        .await
-        .unwrap();
-    assert_eq!(row.get::<_, String>(0), "done");
-    assert_eq!(row.get::<_, i16>(1), 201);
+    let row = db.lookup("shop-1", "term-1").await.unwrap();
+    assert_eq!(row.status, "done");
+    assert_eq!(row.response_status, Some(201));
     assert_eq!(upstream.executions(), 1);
 }
+
+/// A completed key survives the process being SIGKILLed: a new process on the same store
+/// (the same file, for the embedded store) replays it without executing again.
+async fn completed_keys_survive_sigkill(db: Backend) {
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let yaml = short_lease();
+    let mut first = ProxyProcess::spawn(&yaml, &upstream, &db).await;
+    let reply = client_for(first.addr)
+        .post("/payments", "shop-1", "durable", BODY)
+        .await;
+    assert_eq!(reply.status, 201);
+    first.kill().await;
+
+    let second = ProxyProcess::spawn(&yaml, &upstream, &db).await;
+    let replay = client_for(second.addr)
+        .post("/payments", "shop-1", "durable", BODY)
+        .await;
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(replay.body, reply.body);
+    assert_eq!(upstream.executions(), 1);
+}
+
+on_both_stores!(
+    sigkill_mid_flight_then_takeover_charges_once,
+    sigterm_drains_in_flight_requests,
+    completed_keys_survive_sigkill,
+);

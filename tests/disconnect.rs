@@ -14,9 +14,7 @@ const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpo
 
 /// The client drops its connection while the upstream works; a retry after the upstream
 /// finished is a replay of the stored answer (not 409), and the upstream ran once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_disconnect_cancels_nothing() {
-    let db = TestDb::new().await;
+async fn client_disconnect_cancels_nothing(db: Backend) {
     let upstream = Upstream::spawn(Behavior {
         delay: Duration::from_millis(700),
         ..Default::default()
@@ -51,13 +49,10 @@ async fn client_disconnect_cancels_nothing() {
     assert_eq!(replay.status, 201, "{replay:?}");
     assert!(replay.replayed());
     assert_eq!(upstream.executions(), 1);
-    let row = db
-        .client()
-        .await
-        .query_one("SELECT status, response_status FROM idempotency_keys", &[])
-        .await
-        .unwrap();
-    assert_eq!(row.get::<_, String>(0), "done");
-    assert_eq!(row.get::<_, i16>(1), 201);
+    let row = db.lookup("shop-1", "gone").await.unwrap();
+    assert_eq!(row.status, "done");
+    assert_eq!(row.response_status, Some(201));
     proxy.stop().await;
 }
+
+on_both_stores!(client_disconnect_cancels_nothing);

@@ -12,10 +12,10 @@ use support::*;
 const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpose":"order-1"}"#;
 
 fn through(url: &str, yaml: &str) -> String {
-    yaml.replace("\"{db}\"", &format!("\"{url}\""))
+    yaml.replace("{store}", &pg_store_yaml(url))
 }
 
-async fn row(db: &TestDb) -> Option<(String, Option<i16>)> {
+async fn row(db: &Backend) -> Option<(String, Option<i16>)> {
     db.client()
         .await
         .query_opt("SELECT status, response_status FROM idempotency_keys", &[])
@@ -28,8 +28,8 @@ async fn row(db: &TestDb) -> Option<(String, Option<i16>)> {
 /// executes normally.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_down_at_reserve_then_back() {
-    let db = TestDb::new().await;
-    let (relay, url) = Relay::for_db(&db).await;
+    let db = Backend::postgres().await;
+    let (relay, url) = Relay::for_db(db.pg()).await;
     let upstream = Upstream::spawn(Behavior::default()).await;
     let proxy = TestProxy::spawn(&through(&url, PAYMENTS), &upstream, &db).await;
     let client = TestClient::new(&proxy);
@@ -60,8 +60,8 @@ async fn store_down_at_reserve_then_back() {
 /// another execution.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_down_at_completion_then_back() {
-    let db = TestDb::new().await;
-    let (relay, url) = Relay::for_db(&db).await;
+    let db = Backend::postgres().await;
+    let (relay, url) = Relay::for_db(db.pg()).await;
     let upstream = Upstream::spawn(Behavior {
         delay: Duration::from_millis(800),
         ..Default::default()
@@ -111,8 +111,8 @@ async fn store_down_at_completion_then_back() {
 /// completion is fenced off — its own client still gets its answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_worker_is_fenced_off() {
-    let db = TestDb::new().await;
-    let (relay, url) = Relay::for_db(&db).await;
+    let db = Backend::postgres().await;
+    let (relay, url) = Relay::for_db(db.pg()).await;
     let upstream = Upstream::spawn(Behavior {
         delay: Duration::from_millis(6000),
         ..Default::default()

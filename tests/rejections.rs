@@ -11,9 +11,7 @@ const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpo
 
 /// Invalid JSON is 400 and reserves nothing; the corrected request with the same key then
 /// executes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalid_json_then_valid() {
-    let db = TestDb::new().await;
+async fn invalid_json_then_valid(db: Backend) {
     let upstream = Upstream::spawn(Behavior::default()).await;
     let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
     let client = TestClient::new(&proxy);
@@ -42,9 +40,7 @@ async fn invalid_json_then_valid() {
 
 /// Missing, over-long and repeated keys, a missing client id and an oversized body are
 /// each answered with a problem document of the right status; none reserves anything.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_requests_reserve_nothing() {
-    let db = TestDb::new().await;
+async fn bad_requests_reserve_nothing(db: Backend) {
     let upstream = Upstream::spawn(Behavior::default()).await;
     let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
     let client = TestClient::new(&proxy);
@@ -168,15 +164,15 @@ async fn bad_requests_reserve_nothing() {
 /// The store being unreachable at reserve fails closed: 503, nothing forwarded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_down_at_reserve_fails_closed() {
-    let db = TestDb::new().await;
+    let db = Backend::postgres().await;
     let upstream = Upstream::spawn(Behavior::default()).await;
     // A port nothing listens on stands in for a database that is down.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port();
     drop(closed);
     let yaml = PAYMENTS.replace(
-        "\"{db}\"",
-        &format!("postgres://postgres@127.0.0.1:{port}/none"),
+        "{store}",
+        &pg_store_yaml(&format!("postgres://postgres@127.0.0.1:{port}/none")),
     );
     let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
     let client = TestClient::new(&proxy);
@@ -186,3 +182,5 @@ async fn store_down_at_reserve_fails_closed() {
     assert_eq!(upstream.executions(), 0, "fail closed: never forwarded");
     proxy.stop().await;
 }
+
+on_both_stores!(invalid_json_then_valid, bad_requests_reserve_nothing);

@@ -12,9 +12,7 @@ const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpo
 
 /// A retry after completion gets the same status and body, marked as a replay, and only
 /// allow-listed headers; the upstream is not called again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retry_after_completion_replays() {
-    let db = TestDb::new().await;
+async fn retry_after_completion_replays(db: Backend) {
     let upstream = Upstream::spawn(Behavior::default()).await;
     let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
     let client = TestClient::new(&proxy);
@@ -44,9 +42,7 @@ async fn retry_after_completion_replays() {
 
 /// The seed's checks: another amount with the same key is 422; the same key and body from
 /// another client is its own operation and executes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn other_amount_is_rejected_other_client_executes() {
-    let db = TestDb::new().await;
+async fn other_amount_is_rejected_other_client_executes(db: Backend) {
     let upstream = Upstream::spawn(Behavior::default()).await;
     let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
     let client = TestClient::new(&proxy);
@@ -83,9 +79,7 @@ async fn other_amount_is_rejected_other_client_executes() {
 
 /// The same JSON with keys reordered, other whitespace and a number spelled differently is
 /// replayed; so is a body whose only change is outside the route's fingerprint fields.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn canonical_json_and_fields_replay() {
-    let db = TestDb::new().await;
+async fn canonical_json_and_fields_replay(db: Backend) {
     let upstream = Upstream::spawn(Behavior::default()).await;
     let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
     let client = TestClient::new(&proxy);
@@ -129,9 +123,7 @@ async fn canonical_json_and_fields_replay() {
 }
 
 /// An upstream 500 is an answer like any other: stored, replayed, not re-executed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upstream_errors_are_stored() {
-    let db = TestDb::new().await;
+async fn upstream_errors_are_stored(db: Backend) {
     let upstream = Upstream::spawn(Behavior {
         status: 500,
         ..Default::default()
@@ -158,9 +150,7 @@ async fn upstream_errors_are_stored() {
 /// Requests that are not protected (no route, other method, no key on an optional route)
 /// pass through untouched and reserve nothing; hop-by-hop headers are dropped and
 /// X-Forwarded-* set on the way.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unprotected_requests_pass_through() {
-    let db = TestDb::new().await;
+async fn unprotected_requests_pass_through(db: Backend) {
     let upstream = Upstream::spawn(Behavior::default()).await;
     let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
     let client = TestClient::new(&proxy);
@@ -218,9 +208,7 @@ async fn unprotected_requests_pass_through() {
 
 /// A route with a configured upstream key header sends the derived key there and not the
 /// client's raw key.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn derived_key_goes_to_the_configured_header() {
-    let db = TestDb::new().await;
+async fn derived_key_goes_to_the_configured_header(db: Backend) {
     let upstream = Upstream::spawn(Behavior::default()).await;
     let yaml = PAYMENTS.replace(
         "  lease: 30s\n",
@@ -236,3 +224,12 @@ async fn derived_key_goes_to_the_configured_header() {
     let _ = Duration::ZERO;
     proxy.stop().await;
 }
+
+on_both_stores!(
+    retry_after_completion_replays,
+    other_amount_is_rejected_other_client_executes,
+    canonical_json_and_fields_replay,
+    upstream_errors_are_stored,
+    unprotected_requests_pass_through,
+    derived_key_goes_to_the_configured_header
+);

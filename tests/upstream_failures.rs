@@ -12,9 +12,7 @@ const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpo
 
 /// Connection refused means nothing was sent: 502, the key is released, and once the
 /// upstream is up the same key executes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refused_then_healthy() {
-    let db = TestDb::new().await;
+async fn refused_then_healthy(db: Backend) {
     let port = free_port();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let yaml = PAYMENTS.replace("{upstream}", &format!("http://{addr}"));
@@ -44,9 +42,7 @@ async fn refused_then_healthy() {
 
 /// An upstream that hangs past the timeout: 504, and the key stays in progress (the
 /// outcome is unknown), so a retry gets 409 instead of a second execution.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hanging_upstream_keeps_the_key() {
-    let db = TestDb::new().await;
+async fn hanging_upstream_keeps_the_key(db: Backend) {
     let upstream = Upstream::spawn(Behavior {
         delay: Duration::from_secs(5),
         ..Default::default()
@@ -67,9 +63,7 @@ async fn hanging_upstream_keeps_the_key() {
 
 /// A status listed in `release_on` releases the key instead of storing the answer: the
 /// client gets it, and the same key executes again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn release_on_statuses_free_the_key() {
-    let db = TestDb::new().await;
+async fn release_on_statuses_free_the_key(db: Backend) {
     let upstream = Upstream::spawn(Behavior {
         status: 503,
         ..Default::default()
@@ -96,9 +90,7 @@ async fn release_on_statuses_free_the_key() {
 
 /// An answer over `max_stored_response` reaches the first client whole; the key is
 /// completed as not replayable, so a retry gets a clear problem and nothing executes again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oversized_answers_are_not_replayable() {
-    let db = TestDb::new().await;
+async fn oversized_answers_are_not_replayable(db: Backend) {
     let upstream = Upstream::spawn(Behavior {
         pad_to: 200_000,
         ..Default::default()
@@ -132,3 +124,10 @@ async fn oversized_answers_are_not_replayable() {
     assert_eq!(upstream.executions(), 1);
     proxy.stop().await;
 }
+
+on_both_stores!(
+    refused_then_healthy,
+    hanging_upstream_keeps_the_key,
+    release_on_statuses_free_the_key,
+    oversized_answers_are_not_replayable
+);

@@ -23,9 +23,7 @@ fn waiting(limit: &str) -> String {
 
 /// Twenty concurrent duplicates on a wait-mode route all receive the first answer; the
 /// upstream runs once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiting_duplicates_get_the_first_answer() {
-    let db = TestDb::new().await;
+async fn waiting_duplicates_get_the_first_answer(db: Backend) {
     let upstream = Upstream::spawn(Behavior {
         delay: Duration::from_millis(500),
         ..Default::default()
@@ -52,9 +50,7 @@ async fn waiting_duplicates_get_the_first_answer() {
 }
 
 /// Past the wait bound a duplicate gets 409 like in reject mode.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiting_is_bounded() {
-    let db = TestDb::new().await;
+async fn waiting_is_bounded(db: Backend) {
     let upstream = Upstream::spawn(Behavior {
         delay: Duration::from_secs(3),
         ..Default::default()
@@ -84,7 +80,7 @@ async fn waiting_is_bounded() {
 /// through PostgreSQL's LISTEN/NOTIFY, with no polling involved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completion_notifies_other_replicas() {
-    let db = TestDb::new().await;
+    let db = Backend::postgres().await;
     let (a, b) = (db.store(), db.store());
     let fp = [7u8; 32];
     let notify = a.subscribe(key_id("c", "k"));
@@ -146,7 +142,7 @@ fn payment_fingerprint() -> fingerprint::Fingerprint {
 }
 
 /// Simulates a crashed worker: the key is reserved with a lease that runs out at once.
-async fn crashed_reservation(db: &TestDb, client_id: &str, key: &str) {
+async fn crashed_reservation(db: &Backend, client_id: &str, key: &str) {
     let fp = payment_fingerprint();
     let req = ReserveRequest {
         client_id,
@@ -172,9 +168,7 @@ fn probing() -> String {
 
 /// A takeover asks the probe first; when the provider says the operation happened, its
 /// answer is stored and nothing executes again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn probe_found_prevents_reexecution() {
-    let db = TestDb::new().await;
+async fn probe_found_prevents_reexecution(db: Backend) {
     let upstream = Upstream::spawn(Behavior::default()).await;
     crashed_reservation(&db, "shop-1", "p").await;
     // The crashed worker had already reached the provider, which cannot deduplicate.
@@ -204,9 +198,7 @@ async fn probe_found_prevents_reexecution() {
 }
 
 /// When the probe says the operation never happened, the takeover executes it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn probe_not_found_executes() {
-    let db = TestDb::new().await;
+async fn probe_not_found_executes(db: Backend) {
     let upstream = Upstream::spawn(Behavior::default()).await;
     crashed_reservation(&db, "shop-1", "q").await;
     let proxy = TestProxy::spawn(&probing(), &upstream, &db).await;
@@ -221,3 +213,10 @@ async fn probe_not_found_executes() {
     assert_eq!(upstream.probes(), 1);
     proxy.stop().await;
 }
+
+on_both_stores!(
+    waiting_duplicates_get_the_first_answer,
+    waiting_is_bounded,
+    probe_found_prevents_reexecution,
+    probe_not_found_executes
+);

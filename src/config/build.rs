@@ -251,13 +251,22 @@ fn build_store(p: &mut Problems, file: &FileConfig) -> Option<StoreConfig> {
                 timeout,
             }))
         }
-        (None, embedded) => Some(StoreConfig::Embedded {
-            path: PathBuf::from(
-                embedded
-                    .and_then(|e| e.path.clone())
-                    .unwrap_or_else(|| DEFAULT_EMBEDDED_PATH.into()),
-            ),
-        }),
+        (None, embedded) => {
+            let timeout = embedded
+                .and_then(|e| e.timeout)
+                .map_or(DEFAULT_STORE_TIMEOUT, |d| d.0);
+            if timeout.is_zero() {
+                p.push("store.embedded.timeout", "must be more than 0s");
+            }
+            Some(StoreConfig::Embedded {
+                path: PathBuf::from(
+                    embedded
+                        .and_then(|e| e.path.clone())
+                        .unwrap_or_else(|| DEFAULT_EMBEDDED_PATH.into()),
+                ),
+                timeout,
+            })
+        }
     }
 }
 

@@ -53,6 +53,7 @@ pub struct FilePostgres {
 #[serde(deny_unknown_fields)]
 pub struct FileEmbedded {
     pub path: Option<String>,
+    pub timeout: Option<HumanDuration>,
 }
 
 /// `client_id:` — exactly one source.

@@ -69,7 +69,11 @@ pub struct UpstreamConfig {
 #[derive(Debug, Clone)]
 pub enum StoreConfig {
     Postgres(PostgresConfig),
-    Embedded { path: PathBuf },
+    Embedded {
+        path: PathBuf,
+        /// Bound on one store call (disk I/O on the blocking pool included).
+        timeout: Duration,
+    },
 }
 
 /// PostgreSQL connection settings.
@@ -98,7 +102,7 @@ impl StoreConfig {
     pub fn timeout(&self) -> Duration {
         match self {
             StoreConfig::Postgres(pg) => pg.timeout,
-            StoreConfig::Embedded { .. } => DEFAULT_STORE_TIMEOUT,
+            StoreConfig::Embedded { timeout, .. } => *timeout,
         }
     }
 }
@@ -211,9 +215,10 @@ impl fmt::Display for Config {
                 )?;
                 writeln!(f, "    timeout: {}", format_duration(pg.timeout))?;
             }
-            StoreConfig::Embedded { path } => {
+            StoreConfig::Embedded { path, timeout } => {
                 writeln!(f, "  embedded:")?;
                 writeln!(f, "    path: {}", path.display())?;
+                writeln!(f, "    timeout: {}", format_duration(*timeout))?;
             }
         }
         match &self.client_id {

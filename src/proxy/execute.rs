@@ -207,6 +207,7 @@ pub(crate) async fn run<S: KeyStore>(
         Upstream::Answered { mut head, body } => {
             strip_hop_by_hop(&mut head.headers);
             drop_length(&mut head.headers);
+            head.version = http::Version::default();
             let status = head.status.as_u16();
             if policy.release_on.contains(&status) {
                 if let Err(e) = shared.store.release(&fence).await {
@@ -237,6 +238,7 @@ pub(crate) async fn run<S: KeyStore>(
             rest,
         } => {
             strip_hop_by_hop(&mut head.headers);
+            head.version = http::Version::default();
             let completion = Completion::NotReplayable {
                 status: head.status.as_u16(),
             };

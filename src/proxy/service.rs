@@ -149,6 +149,7 @@ impl<S: KeyStore> Proxy<S> {
         };
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
+        parts.version = http::Version::default();
         Ok(Response::from_parts(parts, boxed(body)))
     }
 }

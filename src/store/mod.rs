@@ -5,11 +5,15 @@
 //! only touch the row while it still carries that token, so a worker whose lease was taken
 //! over can never overwrite the new owner's row.
 
+mod any;
+mod embedded;
 mod migrate;
 mod postgres;
 mod types;
 mod waiters;
 
+pub use any::AnyStore;
+pub use embedded::EmbeddedStore;
 pub use migrate::{MIGRATIONS, migrate};
 pub use postgres::PgStore;
 pub use types::*;

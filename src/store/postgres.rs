@@ -22,7 +22,7 @@ const RESERVE: &str = "SELECT o_outcome, o_lease_token, o_attempts, o_lease_rema
      FROM idempotency_reserve($1, $2, $3, $4, $5, $6)";
 
 const RENEW: &str = "UPDATE idempotency_keys \
-     SET locked_until = now() + $4 * interval '1 millisecond' \
+     SET locked_until = now() + $4::int8 * interval '1 millisecond' \
      WHERE client_id = $1 AND key = $2 AND lease_token = $3 AND status = 'in_progress'";
 
 /// Completion and release wake waiting duplicates in the same statement (and so the same
@@ -43,6 +43,20 @@ const RELEASE: &str = "WITH gone AS ( \
      SELECT (SELECT count(*) FROM gone), \
             (SELECT pg_notify('idemproxy_done', $4) FROM gone WHERE $5 LIMIT 1)::text";
 
+const RECORD_COLUMNS: &str = "client_id, key, route, status, fingerprint, lease_token, \
+     (extract(epoch FROM locked_until - now()) * 1000)::int8, attempts, response_status, \
+     length(response_body)::int8, replayable, (extract(epoch FROM created_at) * 1000)::int8, \
+     (extract(epoch FROM completed_at) * 1000)::int8, (extract(epoch FROM expires_at) * 1000)::int8";
+
+const EVICT: &str = "DELETE FROM idempotency_keys WHERE client_id = $1 AND key = $2";
+
+/// Rows are picked with `SKIP LOCKED`, so concurrent sweepers (replicas) split the work
+/// instead of waiting on each other, and each row is deleted once.
+const SWEEP: &str = "DELETE FROM idempotency_keys WHERE ctid IN ( \
+       SELECT ctid FROM idempotency_keys \
+       WHERE expires_at < now() AND (status = 'done' OR locked_until < now()) \
+       LIMIT $1 FOR UPDATE SKIP LOCKED)";
+
 /// The channel every replica listens on for completions.
 const CHANNEL: &str = "idemproxy_done";
 
@@ -56,7 +70,7 @@ pub struct PgStore {
     /// Duplicates waiting in this process, woken from the `LISTEN` connection.
     waiters: Arc<Waiters>,
     /// Connection settings for the `LISTEN` connection, which lives outside the pool.
-    listen_config: tokio_postgres::Config,
+    listen_config: Arc<tokio_postgres::Config>,
     /// Whether the `LISTEN` task was started (lazily: only wait-mode routes need it).
     listening: Arc<OnceLock<()>>,
 }
@@ -72,7 +86,7 @@ impl PgStore {
         if pg.get_application_name().is_none() {
             pg.application_name("idemproxy");
         }
-        let listen_config = pg.clone();
+        let listen_config = Arc::new(pg.clone());
         let manager = Manager::from_config(
             pg,
             NoTls,
@@ -240,11 +254,55 @@ impl KeyStore for PgStore {
         self.fenced(RELEASE, fence, true, &[]).await
     }
 
+    async fn lookup(&self, client_id: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
+        self.bounded(async {
+            let client = self.pool.get().await?;
+            let sql = format!(
+                "SELECT {RECORD_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2"
+            );
+            let stmt = client.prepare_cached(&sql).await?;
+            let row = client.query_opt(&stmt, &[&client_id, &key]).await?;
+            row.map(|r| record(&r)).transpose()
+        })
+        .await
+    }
+
+    async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
+        self.bounded(async {
+            let client = self.pool.get().await?;
+            let stmt = client.prepare_cached(EVICT).await?;
+            Ok(client.execute(&stmt, &[&client_id, &key]).await? > 0)
+        })
+        .await
+    }
+
+    async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
+        self.bounded(async {
+            let client = self.pool.get().await?;
+            let sql = format!(
+                "SELECT {RECORD_COLUMNS} FROM idempotency_keys \
+                 WHERE status = 'in_progress' AND locked_until < now() ORDER BY locked_until LIMIT $1"
+            );
+            let stmt = client.prepare_cached(&sql).await?;
+            client.query(&stmt, &[&limit]).await?.iter().map(record).collect()
+        })
+        .await
+    }
+
+    async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
+        self.bounded(async {
+            let client = self.pool.get().await?;
+            let stmt = client.prepare_cached(SWEEP).await?;
+            Ok(client.execute(&stmt, &[&batch]).await?)
+        })
+        .await
+    }
+
     fn subscribe(&self, id: KeyId) -> Arc<Notify> {
         let notify = self.waiters.subscribe(id);
         self.listening.get_or_init(|| {
             tokio::spawn(listen(
-                self.listen_config.clone(),
+                Arc::clone(&self.listen_config),
                 Arc::clone(&self.waiters),
             ));
         });
@@ -264,7 +322,7 @@ impl KeyStore for PgStore {
 /// Keeps one `LISTEN` connection open for the life of the process, reconnecting with
 /// backoff, and wakes the waiters each notification names. After every (re)connect all
 /// waiters are woken once, since notifications may have been missed meanwhile.
-async fn listen(config: tokio_postgres::Config, waiters: Arc<Waiters>) {
+async fn listen(config: Arc<tokio_postgres::Config>, waiters: Arc<Waiters>) {
     let mut backoff = Duration::from_millis(100);
     loop {
         match config.connect(NoTls).await {
@@ -319,4 +377,28 @@ fn parse_key_id(payload: &str) -> Option<KeyId> {
         id[i] = u8::from_str_radix(text, 16).ok()?;
     }
     Some(id)
+}
+
+fn record(r: &tokio_postgres::Row) -> Result<KeyRecord, StoreError> {
+    let status: Option<i16> = r.try_get(8)?;
+    let status = status
+        .map(|s| u16::try_from(s).map_err(|_| StoreError::Corrupt(format!("status {s}"))))
+        .transpose()?;
+    let done = r.try_get::<_, String>(3)? == "done";
+    Ok(KeyRecord {
+        client_id: r.try_get(0)?,
+        key: r.try_get(1)?,
+        route: r.try_get(2)?,
+        status: r.try_get(3)?,
+        fingerprint: r.try_get(4)?,
+        lease_token: r.try_get(5)?,
+        lease_remaining_ms: if done { None } else { r.try_get(6)? },
+        attempts: r.try_get(7)?,
+        response_status: status,
+        response_body_bytes: r.try_get(9)?,
+        replayable: r.try_get(10)?,
+        created_at_ms: r.try_get(11)?,
+        completed_at_ms: r.try_get(12)?,
+        expires_at_ms: r.try_get(13)?,
+    })
 }

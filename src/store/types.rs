@@ -97,6 +97,28 @@ pub enum Fenced {
     Refused,
 }
 
+/// Where a key stands, for operators (admin API) and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub client_id: String,
+    pub key: String,
+    pub route: String,
+    /// `in_progress` or `done`.
+    pub status: String,
+    pub fingerprint: Vec<u8>,
+    pub lease_token: i64,
+    /// Milliseconds until the lease runs out; negative once it has (`None` when done).
+    pub lease_remaining_ms: Option<i64>,
+    pub attempts: i32,
+    pub response_status: Option<u16>,
+    pub response_body_bytes: Option<i64>,
+    pub replayable: Option<bool>,
+    /// Unix milliseconds.
+    pub created_at_ms: i64,
+    pub completed_at_ms: Option<i64>,
+    pub expires_at_ms: i64,
+}
+
 /// The store could not be reached or failed; the caller decides what that means.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -108,6 +130,10 @@ pub enum StoreError {
     Timeout(Duration),
     #[error("unexpected row from the store: {0}")]
     Corrupt(String),
+    #[error("embedded store: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("embedded store task failed: {0}")]
+    Blocking(String),
 }
 
 /// The key table. Implemented by PostgreSQL (shared by replicas) and the embedded store.
@@ -135,6 +161,28 @@ pub trait KeyStore: Send + Sync + 'static {
 
     /// Deletes our reservation so that the same key can execute again.
     fn release(&self, fence: &Fence) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// The row for a key, if any.
+    fn lookup(
+        &self,
+        client_id: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<KeyRecord>, StoreError>> + Send;
+
+    /// Deletes a key whatever its state (an operator's decision); whether it existed.
+    fn evict(
+        &self,
+        client_id: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Keys in progress whose lease ran out (their worker is gone), oldest first.
+    fn stuck(&self, limit: i64) -> impl Future<Output = Result<Vec<KeyRecord>, StoreError>> + Send;
+
+    /// Deletes up to `batch` rows past their retention — done ones, and in-progress ones
+    /// whose lease also ran out — and returns how many. Safe to run from several replicas
+    /// at once: each row is deleted once.
+    fn sweep(&self, batch: i64) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// A notifier woken when `id` is completed or released (by any replica).
     fn subscribe(&self, id: KeyId) -> Arc<Notify>;

@@ -19,7 +19,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use idemproxy::config::{Overrides, StoreConfig};
 use idemproxy::proxy::Proxy;
-use idemproxy::store::{PgStore, migrate};
+use idemproxy::store::{AnyStore, KeyRecord, KeyStore, PgStore, migrate};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -116,6 +116,113 @@ impl TestDb {
             .get(0)
     }
 }
+
+/// Which store a test runs on: the same scenarios must hold on both.
+pub enum Backend {
+    Postgres(TestDb),
+    Embedded(std::path::PathBuf),
+}
+
+impl Backend {
+    /// A fresh PostgreSQL schema.
+    pub async fn postgres() -> Self {
+        Backend::Postgres(TestDb::new().await)
+    }
+
+    /// A fresh embedded store file in a directory of its own.
+    pub fn embedded() -> Self {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "idemproxy-embedded-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Backend::Embedded(dir.join("keys.db"))
+    }
+
+    /// The `store:` section of a configuration for this backend.
+    pub fn store_yaml(&self) -> String {
+        match self {
+            Backend::Postgres(db) => format!(
+                "store:\n  postgres:\n    url: \"{}\"\n    timeout: 1s\n",
+                db.url
+            ),
+            Backend::Embedded(path) => {
+                format!(
+                    "store:\n  embedded:\n    path: \"{}\"\n    timeout: 1s\n",
+                    path.display()
+                )
+            }
+        }
+    }
+
+    /// A store on this backend (a second handle on the same data).
+    pub fn store(&self) -> AnyStore {
+        match self {
+            Backend::Postgres(db) => AnyStore::Postgres(db.store()),
+            Backend::Embedded(path) => AnyStore::Embedded(
+                idemproxy::store::EmbeddedStore::open(path, Duration::from_secs(1)).unwrap(),
+            ),
+        }
+    }
+
+    /// The PostgreSQL database (for tests that only make sense there).
+    pub fn pg(&self) -> &TestDb {
+        match self {
+            Backend::Postgres(db) => db,
+            Backend::Embedded(_) => panic!("this test needs PostgreSQL"),
+        }
+    }
+
+    /// A plain PostgreSQL client on the test schema.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        self.pg().client().await
+    }
+
+    /// How many keys the table holds.
+    pub async fn rows(&self) -> i64 {
+        match self {
+            Backend::Postgres(db) => db.rows().await,
+            Backend::Embedded(path) => {
+                let conn = rusqlite::Connection::open(path).unwrap();
+                conn.query_row("SELECT count(*) FROM idempotency_keys", [], |r| r.get(0))
+                    .unwrap()
+            }
+        }
+    }
+
+    /// The row for a key, as the admin API would show it.
+    pub async fn lookup(&self, client_id: &str, key: &str) -> Option<KeyRecord> {
+        self.store().lookup(client_id, key).await.unwrap()
+    }
+}
+
+/// Runs each named `async fn(Backend)` as two tests: on PostgreSQL and on the embedded store.
+#[allow(unused_macros)]
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::postgres().await).await
+                }
+            )*
+        }
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::embedded()).await
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_both_stores;
 
 /// `url` on the test database with `search_path` set to `schema`.
 pub fn with_search_path(admin: &str, schema: &str) -> String {
@@ -336,6 +443,11 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// A PostgreSQL `store:` section for `url` (e.g. through a relay).
+pub fn pg_store_yaml(url: &str) -> String {
+    format!("store:\n  postgres:\n    url: \"{url}\"\n    timeout: 1s\n")
+}
+
 /// A TCP relay that a test can cut (every connection dropped, new ones refused) and
 /// restore: a database or upstream going away and coming back, for real.
 #[derive(Clone)]
@@ -391,6 +503,7 @@ impl Relay {
 
     /// A relay in front of the test database's server, and the database URL through it.
     pub async fn for_db(db: &TestDb) -> (Relay, String) {
+        // (the URL through the relay goes into a `store:` section with `store_yaml_for`)
         let cfg: tokio_postgres::Config = db.url.parse().unwrap();
         let host = match &cfg.get_hosts()[0] {
             tokio_postgres::config::Host::Tcp(h) => h.clone(),
@@ -435,11 +548,11 @@ pub fn free_port() -> u16 {
 impl ProxyProcess {
     /// Starts the binary on `yaml` (`{upstream}`, `{db}` substituted; `{listen}` and
     /// `{admin}` get free ports) and waits until it accepts connections.
-    pub async fn spawn(yaml: &str, upstream: &Upstream, db: &TestDb) -> Self {
+    pub async fn spawn(yaml: &str, upstream: &Upstream, db: &Backend) -> Self {
         let port = free_port();
         let text = yaml
+            .replace("{store}", &db.store_yaml())
             .replace("{upstream}", &upstream.url())
-            .replace("{db}", &db.url)
             .replace("{admin}", &format!("127.0.0.1:{}", free_port()));
         let dir =
             std::env::temp_dir().join(format!("idemproxy-test-{}-{port}", std::process::id()));
@@ -509,20 +622,17 @@ pub struct TestProxy {
 
 impl TestProxy {
     /// Starts a proxy on `yaml` (a configuration; `{upstream}` and `{db}` are substituted).
-    pub async fn spawn(yaml: &str, upstream: &Upstream, db: &TestDb) -> Self {
+    pub async fn spawn(yaml: &str, upstream: &Upstream, db: &Backend) -> Self {
         let text = yaml
-            .replace("{upstream}", &upstream.url())
-            .replace("{db}", &db.url);
+            .replace("{store}", &db.store_yaml())
+            .replace("{upstream}", &upstream.url());
         let config = Arc::new(
             idemproxy::config::load_str(&text, &Overrides::default())
                 .expect("test config is valid"),
         );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let StoreConfig::Postgres(pg) = &config.store else {
-            panic!("these tests run on PostgreSQL");
-        };
-        let proxy = Proxy::new(Arc::clone(&config), PgStore::new(pg).unwrap());
+        let proxy = Proxy::new(Arc::clone(&config), AnyStore::open(&config.store).unwrap());
         let (tx, rx) = oneshot::channel::<()>();
         let handle = tokio::spawn(idemproxy::server::run(
             listener,
@@ -651,10 +761,7 @@ pub const PAYMENTS: &str = r#"
 upstream:
   url: {upstream}
   timeout: 10s
-store:
-  postgres:
-    url: "{db}"
-    timeout: 1s
+{store}
 client_id:
   header: X-Client-Id
 defaults:

@@ -1,0 +1,92 @@
+//! The store chosen at start-up from the configuration.
+//!
+//! An enum rather than a trait object: the proxy stays generic over [`KeyStore`] (static
+//! dispatch, `Send` futures), and the binary still picks the backend from the file.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::types::*;
+use super::{EmbeddedStore, PgStore};
+use crate::config::StoreConfig;
+
+/// PostgreSQL or embedded, whichever the configuration names.
+#[derive(Clone)]
+pub enum AnyStore {
+    Postgres(PgStore),
+    Embedded(EmbeddedStore),
+}
+
+impl AnyStore {
+    /// Opens the configured store (the embedded file is created if missing; PostgreSQL is
+    /// connected lazily, on first use).
+    pub fn open(config: &StoreConfig) -> Result<Self, StoreError> {
+        Ok(match config {
+            StoreConfig::Postgres(pg) => AnyStore::Postgres(PgStore::new(pg)?),
+            StoreConfig::Embedded { path, timeout } => {
+                AnyStore::Embedded(EmbeddedStore::open(path, *timeout)?)
+            }
+        })
+    }
+
+    /// `postgres` or `embedded`, for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AnyStore::Postgres(_) => "postgres",
+            AnyStore::Embedded(_) => "embedded",
+        }
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $s:ident => $call:expr) => {
+        match $self {
+            AnyStore::Postgres($s) => $call,
+            AnyStore::Embedded($s) => $call,
+        }
+    };
+}
+
+impl KeyStore for AnyStore {
+    async fn reserve(&self, req: &ReserveRequest<'_>) -> Result<Reservation, StoreError> {
+        delegate!(self, s => s.reserve(req).await)
+    }
+
+    async fn renew(&self, fence: &Fence, lease: Duration) -> Result<Fenced, StoreError> {
+        delegate!(self, s => s.renew(fence, lease).await)
+    }
+
+    async fn complete(&self, fence: &Fence, completion: &Completion) -> Result<Fenced, StoreError> {
+        delegate!(self, s => s.complete(fence, completion).await)
+    }
+
+    async fn release(&self, fence: &Fence) -> Result<Fenced, StoreError> {
+        delegate!(self, s => s.release(fence).await)
+    }
+
+    async fn lookup(&self, client_id: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
+        delegate!(self, s => s.lookup(client_id, key).await)
+    }
+
+    async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
+        delegate!(self, s => s.evict(client_id, key).await)
+    }
+
+    async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
+        delegate!(self, s => s.stuck(limit).await)
+    }
+
+    async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
+        delegate!(self, s => s.sweep(batch).await)
+    }
+
+    fn subscribe(&self, id: KeyId) -> Arc<Notify> {
+        delegate!(self, s => s.subscribe(id))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        delegate!(self, s => s.ping().await)
+    }
+}

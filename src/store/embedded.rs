@@ -1,0 +1,413 @@
+//! The embedded store: the same key table in one SQLite file, for a single proxy instance
+//! with no database server (the quick start, a lone sidecar).
+//!
+//! SQLite because it is the most widely deployed embedded ACID engine, survives a process
+//! crash without losing a committed row (WAL, `synchronous=FULL`), and has a maintained
+//! Rust binding. Every call runs on tokio's blocking pool so that disk I/O never stalls the
+//! reactor; one connection behind a mutex serialises writers, which SQLite does anyway.
+//!
+//! Its limit: the clock is this machine's and the file is this machine's. Several proxy
+//! instances with separate files do not see each other's keys — use PostgreSQL for
+//! replicas.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use tokio::sync::Notify;
+
+use super::Waiters;
+use super::types::*;
+
+const SCHEMA_VERSION: i32 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    client_id        TEXT    NOT NULL,
+    key              TEXT    NOT NULL,
+    route            TEXT    NOT NULL,
+    fingerprint      BLOB    NOT NULL,
+    status           TEXT    NOT NULL CHECK (status IN ('in_progress', 'done')),
+    lease_token      INTEGER NOT NULL,
+    locked_until_ms  INTEGER,
+    attempts         INTEGER NOT NULL DEFAULT 1,
+    response_status  INTEGER,
+    response_headers BLOB,
+    response_body    BLOB,
+    replayable       INTEGER,
+    created_ms       INTEGER NOT NULL,
+    completed_ms     INTEGER,
+    expires_ms       INTEGER NOT NULL,
+    PRIMARY KEY (client_id, key)
+);
+CREATE INDEX IF NOT EXISTS idempotency_keys_expires ON idempotency_keys (expires_ms);
+-- Lease tokens are never reused, even after a key is released and reserved again.
+CREATE TABLE IF NOT EXISTS idempotency_counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO idempotency_counters (name, value) VALUES ('lease_token', 0);
+";
+
+const RECORD_COLUMNS: &str = "client_id, key, route, status, fingerprint, lease_token, locked_until_ms, attempts, \
+     response_status, length(response_body), replayable, created_ms, completed_ms, expires_ms";
+
+/// SQLite-backed [`KeyStore`] for a single instance.
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// One connection; held only inside blocking closures, never across an `.await`.
+    conn: Mutex<Connection>,
+    /// Waiting duplicates in this process (the only process using the file).
+    waiters: Waiters,
+    path: PathBuf,
+    /// Bound on one call.
+    timeout: Duration,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl EmbeddedStore {
+    /// Opens (creating if needed) the store file and brings its schema up to date.
+    pub fn open(path: &Path, timeout: Duration) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(timeout)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        let version: i32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::Corrupt(format!(
+                "{} has schema version {version}, newer than this idemproxy understands ({SCHEMA_VERSION})",
+                path.display()
+            )));
+        }
+        conn.execute_batch(SCHEMA)?;
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                conn: Mutex::new(conn),
+                waiters: Waiters::default(),
+                path: path.to_owned(),
+                timeout,
+            }),
+        })
+    }
+
+    /// The file this store lives in.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Runs `f` on the blocking pool with the connection, bounded by the store timeout.
+    async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        let task = tokio::task::spawn_blocking(move || {
+            let mut conn = inner.conn.lock().unwrap_or_else(PoisonError::into_inner);
+            f(&mut conn)
+        });
+        match tokio::time::timeout(self.inner.timeout, task).await {
+            Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
+            Ok(Err(join)) => Err(StoreError::Blocking(join.to_string())),
+            Ok(Ok(result)) => result,
+        }
+    }
+
+    async fn fenced(
+        &self,
+        fence: &Fence,
+        sql: &'static str,
+        extra: Vec<rusqlite::types::Value>,
+    ) -> Result<Fenced, StoreError> {
+        let (client_id, key, token) = (fence.client_id.clone(), fence.key.clone(), fence.token);
+        let applied = self
+            .call(move |conn| {
+                let mut values: Vec<rusqlite::types::Value> =
+                    vec![client_id.into(), key.into(), token.into()];
+                values.extend(extra);
+                Ok(conn.execute(sql, rusqlite::params_from_iter(values))? == 1)
+            })
+            .await?;
+        Ok(if applied {
+            Fenced::Applied
+        } else {
+            Fenced::Refused
+        })
+    }
+}
+
+fn next_token(tx: &rusqlite::Transaction<'_>) -> Result<i64, StoreError> {
+    Ok(tx.query_row(
+        "UPDATE idempotency_counters SET value = value + 1 WHERE name = 'lease_token' RETURNING value",
+        [],
+        |r| r.get(0),
+    )?)
+}
+
+struct Existing {
+    fingerprint: Vec<u8>,
+    status: String,
+    locked_until_ms: Option<i64>,
+    response_status: Option<i64>,
+    response_headers: Option<Vec<u8>>,
+    response_body: Option<Vec<u8>>,
+    replayable: Option<bool>,
+}
+
+fn reserve_blocking(
+    conn: &mut Connection,
+    client_id: &str,
+    key: &str,
+    fingerprint: &[u8],
+    route: &str,
+    lease: i64,
+    retention: i64,
+) -> Result<Reservation, StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let now = now_ms();
+    let existing = tx
+        .query_row(
+            "SELECT fingerprint, status, locked_until_ms, response_status, response_headers, response_body, replayable \
+             FROM idempotency_keys WHERE client_id = ?1 AND key = ?2",
+            params![client_id, key],
+            |r| {
+                Ok(Existing {
+                    fingerprint: r.get(0)?,
+                    status: r.get(1)?,
+                    locked_until_ms: r.get(2)?,
+                    response_status: r.get(3)?,
+                    response_headers: r.get(4)?,
+                    response_body: r.get(5)?,
+                    replayable: r.get(6)?,
+                })
+            },
+        )
+        .optional()?;
+    let reservation = match existing {
+        None => {
+            let token = next_token(&tx)?;
+            tx.execute(
+                "INSERT INTO idempotency_keys (client_id, key, route, fingerprint, status, lease_token, \
+                 locked_until_ms, attempts, created_ms, expires_ms) \
+                 VALUES (?1, ?2, ?3, ?4, 'in_progress', ?5, ?6, 1, ?7, ?8)",
+                params![client_id, key, route, fingerprint, token, now.saturating_add(lease), now, now.saturating_add(retention)],
+            )?;
+            Reservation::Reserved(Lease {
+                token,
+                attempts: 1,
+                takeover: false,
+            })
+        }
+        Some(row) if row.fingerprint != fingerprint => Reservation::Mismatch,
+        Some(row) if row.status == "done" => {
+            let status = row.response_status.unwrap_or_default();
+            let status = u16::try_from(status)
+                .map_err(|_| StoreError::Corrupt(format!("status {status}")))?;
+            if row.replayable == Some(false) {
+                Reservation::NotReplayable { status }
+            } else {
+                Reservation::Done(StoredResponse {
+                    status,
+                    headers: Bytes::from(row.response_headers.unwrap_or_default()),
+                    body: Bytes::from(row.response_body.unwrap_or_default()),
+                })
+            }
+        }
+        Some(row) if row.locked_until_ms.unwrap_or(0) >= now => Reservation::InProgress {
+            lease_remaining: Duration::from_millis(
+                row.locked_until_ms.unwrap_or(0).saturating_sub(now).max(0) as u64,
+            ),
+        },
+        Some(_) => {
+            let token = next_token(&tx)?;
+            let attempts: i32 = tx.query_row(
+                "UPDATE idempotency_keys SET lease_token = ?3, locked_until_ms = ?4, attempts = attempts + 1, \
+                 expires_ms = ?5 WHERE client_id = ?1 AND key = ?2 RETURNING attempts",
+                params![client_id, key, token, now.saturating_add(lease), now.saturating_add(retention)],
+                |r| r.get(0),
+            )?;
+            Reservation::Reserved(Lease {
+                token,
+                attempts,
+                takeover: true,
+            })
+        }
+    };
+    tx.commit()?;
+    Ok(reservation)
+}
+
+fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRecord> {
+    let status: String = r.get(3)?;
+    let locked_until: Option<i64> = r.get(6)?;
+    let response_status: Option<i64> = r.get(8)?;
+    Ok(KeyRecord {
+        client_id: r.get(0)?,
+        key: r.get(1)?,
+        route: r.get(2)?,
+        lease_remaining_ms: if status == "done" {
+            None
+        } else {
+            locked_until.map(|t| t - now_ms())
+        },
+        status,
+        fingerprint: r.get(4)?,
+        lease_token: r.get(5)?,
+        attempts: r.get(7)?,
+        response_status: response_status.and_then(|s| u16::try_from(s).ok()),
+        response_body_bytes: r.get(9)?,
+        replayable: r.get(10)?,
+        created_at_ms: r.get(11)?,
+        completed_at_ms: r.get(12)?,
+        expires_at_ms: r.get(13)?,
+    })
+}
+
+impl KeyStore for EmbeddedStore {
+    async fn reserve(&self, req: &ReserveRequest<'_>) -> Result<Reservation, StoreError> {
+        let (client_id, key, route) = (
+            req.client_id.to_owned(),
+            req.key.to_owned(),
+            req.route.to_owned(),
+        );
+        let fingerprint = *req.fingerprint;
+        let (lease, retention) = (millis(req.lease), millis(req.retention));
+        self.call(move |conn| {
+            reserve_blocking(
+                conn,
+                &client_id,
+                &key,
+                &fingerprint,
+                &route,
+                lease,
+                retention,
+            )
+        })
+        .await
+    }
+
+    async fn renew(&self, fence: &Fence, lease: Duration) -> Result<Fenced, StoreError> {
+        let until = now_ms().saturating_add(millis(lease));
+        self.fenced(
+            fence,
+            "UPDATE idempotency_keys SET locked_until_ms = ?4 \
+             WHERE client_id = ?1 AND key = ?2 AND lease_token = ?3 AND status = 'in_progress'",
+            vec![until.into()],
+        )
+        .await
+    }
+
+    async fn complete(&self, fence: &Fence, completion: &Completion) -> Result<Fenced, StoreError> {
+        use rusqlite::types::Value;
+        let (status, headers, body, replayable) = match completion {
+            Completion::Stored(r) => (
+                r.status,
+                Value::Blob(r.headers.to_vec()),
+                Value::Blob(r.body.to_vec()),
+                true,
+            ),
+            Completion::NotReplayable { status } => (*status, Value::Null, Value::Null, false),
+        };
+        let result = self
+            .fenced(
+                fence,
+                "UPDATE idempotency_keys SET status = 'done', locked_until_ms = NULL, completed_ms = ?8, \
+                 response_status = ?4, response_headers = ?5, response_body = ?6, replayable = ?7 \
+                 WHERE client_id = ?1 AND key = ?2 AND lease_token = ?3 AND status = 'in_progress'",
+                vec![i64::from(status).into(), headers, body, replayable.into(), now_ms().into()],
+            )
+            .await?;
+        if fence.notify {
+            self.inner.waiters.wake(&fence.key_id());
+        }
+        Ok(result)
+    }
+
+    async fn release(&self, fence: &Fence) -> Result<Fenced, StoreError> {
+        let result = self
+            .fenced(
+                fence,
+                "DELETE FROM idempotency_keys \
+                 WHERE client_id = ?1 AND key = ?2 AND lease_token = ?3 AND status = 'in_progress'",
+                Vec::new(),
+            )
+            .await?;
+        if fence.notify {
+            self.inner.waiters.wake(&fence.key_id());
+        }
+        Ok(result)
+    }
+
+    async fn lookup(&self, client_id: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
+        let (client_id, key) = (client_id.to_owned(), key.to_owned());
+        self.call(move |conn| {
+            let sql = format!(
+                "SELECT {RECORD_COLUMNS} FROM idempotency_keys WHERE client_id = ?1 AND key = ?2"
+            );
+            Ok(conn
+                .query_row(&sql, params![client_id, key], record)
+                .optional()?)
+        })
+        .await
+    }
+
+    async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
+        let (client_id, key) = (client_id.to_owned(), key.to_owned());
+        self.call(move |conn| {
+            Ok(conn.execute(
+                "DELETE FROM idempotency_keys WHERE client_id = ?1 AND key = ?2",
+                params![client_id, key],
+            )? > 0)
+        })
+        .await
+    }
+
+    async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
+        self.call(move |conn| {
+            let sql = format!(
+                "SELECT {RECORD_COLUMNS} FROM idempotency_keys \
+                 WHERE status = 'in_progress' AND locked_until_ms < ?1 ORDER BY locked_until_ms LIMIT ?2"
+            );
+            let mut stmt = conn.prepare_cached(&sql)?;
+            let rows = stmt.query_map(params![now_ms(), limit], record)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
+        self.call(move |conn| {
+            let now = now_ms();
+            let n = conn.execute(
+                "DELETE FROM idempotency_keys WHERE rowid IN ( \
+                   SELECT rowid FROM idempotency_keys \
+                   WHERE expires_ms < ?1 AND (status = 'done' OR locked_until_ms < ?1) LIMIT ?2)",
+                params![now, batch],
+            )?;
+            Ok(n as u64)
+        })
+        .await
+    }
+
+    fn subscribe(&self, id: KeyId) -> Arc<Notify> {
+        self.inner.waiters.subscribe(id)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.call(|conn| Ok(conn.query_row("SELECT 1", [], |_| Ok(()))?))
+            .await
+    }
+}

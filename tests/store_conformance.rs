@@ -1,0 +1,374 @@
+//! One conformance suite for every store: the same assertions run on PostgreSQL and on the
+//! embedded store, so the proxy's guarantees do not depend on which one is configured.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use idemproxy::store::{
+    Completion, Fence, Fenced, KeyStore, Lease, Reservation, ReserveRequest, StoredResponse,
+};
+use support::*;
+
+const FP: [u8; 32] = [1; 32];
+const OTHER_FP: [u8; 32] = [2; 32];
+
+fn req<'a>(
+    key: &'a str,
+    fp: &'a [u8; 32],
+    lease: Duration,
+    retention: Duration,
+) -> ReserveRequest<'a> {
+    ReserveRequest {
+        client_id: "client",
+        key,
+        fingerprint: fp,
+        route: "route",
+        lease,
+        retention,
+    }
+}
+
+const LONG: Duration = Duration::from_secs(30);
+const DAY: Duration = Duration::from_secs(86_400);
+const TINY: Duration = Duration::from_millis(1);
+
+async fn reserved<S: KeyStore>(
+    store: &S,
+    key: &str,
+    lease: Duration,
+    retention: Duration,
+) -> Lease {
+    match store
+        .reserve(&req(key, &FP, lease, retention))
+        .await
+        .unwrap()
+    {
+        Reservation::Reserved(lease) => lease,
+        other => panic!("expected a reservation, got {other:?}"),
+    }
+}
+
+fn fence(key: &str, lease: &Lease) -> Fence {
+    Fence {
+        client_id: "client".into(),
+        key: key.into(),
+        token: lease.token,
+        notify: false,
+    }
+}
+
+fn answer(body: &str) -> Completion {
+    Completion::Stored(StoredResponse {
+        status: 201,
+        headers: "content-type: application/json\r\n".into(),
+        body: body.to_owned().into(),
+    })
+}
+
+/// Let a 1 ms lease or retention run out (the clock is the store's).
+async fn expire() {
+    tokio::time::sleep(Duration::from_millis(30)).await;
+}
+
+/// A fresh key is reserved (attempt 1); a duplicate is told it is in progress; a different
+/// request under the same key is a mismatch.
+async fn reserve_conflict_mismatch(db: Backend) {
+    let store = db.store();
+    let lease = reserved(&store, "k", LONG, DAY).await;
+    assert_eq!((lease.attempts, lease.takeover), (1, false));
+    match store.reserve(&req("k", &FP, LONG, DAY)).await.unwrap() {
+        Reservation::InProgress { lease_remaining } => {
+            assert!(lease_remaining > Duration::from_secs(20))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        store
+            .reserve(&req("k", &OTHER_FP, LONG, DAY))
+            .await
+            .unwrap(),
+        Reservation::Mismatch
+    );
+}
+
+/// A completed key replays exactly what was stored; a mismatch stays a mismatch.
+async fn complete_then_replay(db: Backend) {
+    let store = db.store();
+    let lease = reserved(&store, "k", LONG, DAY).await;
+    assert_eq!(
+        store
+            .complete(&fence("k", &lease), &answer("{\"id\":1}"))
+            .await
+            .unwrap(),
+        Fenced::Applied
+    );
+    let Completion::Stored(stored) = answer("{\"id\":1}") else {
+        unreachable!()
+    };
+    assert_eq!(
+        store.reserve(&req("k", &FP, LONG, DAY)).await.unwrap(),
+        Reservation::Done(stored)
+    );
+    assert_eq!(
+        store
+            .reserve(&req("k", &OTHER_FP, LONG, DAY))
+            .await
+            .unwrap(),
+        Reservation::Mismatch
+    );
+    let record = store.lookup("client", "k").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            record.status.as_str(),
+            record.response_status,
+            record.attempts
+        ),
+        ("done", Some(201), 1)
+    );
+    assert_eq!(record.response_body_bytes, Some(8));
+}
+
+/// An expired lease with the same fingerprint is taken over with a new token and the
+/// attempt counted; with another fingerprint it is a mismatch, not a takeover.
+async fn takeover_after_expiry(db: Backend) {
+    let store = db.store();
+    let first = reserved(&store, "k", TINY, DAY).await;
+    expire().await;
+    assert_eq!(
+        store
+            .reserve(&req("k", &OTHER_FP, LONG, DAY))
+            .await
+            .unwrap(),
+        Reservation::Mismatch
+    );
+    let second = reserved(&store, "k", LONG, DAY).await;
+    assert!(second.takeover);
+    assert_eq!(second.attempts, 2);
+    assert_ne!(second.token, first.token);
+}
+
+/// After a takeover the old owner can neither renew, complete nor release; the new owner's
+/// answer is the one that stands.
+async fn fence_refuses_the_stale_owner(db: Backend) {
+    let store = db.store();
+    let old = reserved(&store, "k", TINY, DAY).await;
+    expire().await;
+    let new = reserved(&store, "k", LONG, DAY).await;
+    assert_eq!(
+        store.renew(&fence("k", &old), LONG).await.unwrap(),
+        Fenced::Refused
+    );
+    assert_eq!(
+        store.release(&fence("k", &old)).await.unwrap(),
+        Fenced::Refused
+    );
+    assert_eq!(
+        store
+            .complete(&fence("k", &new), &answer("new"))
+            .await
+            .unwrap(),
+        Fenced::Applied
+    );
+    assert_eq!(
+        store
+            .complete(&fence("k", &old), &answer("old"))
+            .await
+            .unwrap(),
+        Fenced::Refused
+    );
+    let Reservation::Done(stored) = store.reserve(&req("k", &FP, LONG, DAY)).await.unwrap() else {
+        panic!("done")
+    };
+    assert_eq!(stored.body, "new");
+}
+
+/// Release frees the key; the next reservation gets a token never handed out before, so a
+/// worker from before the release stays fenced off. A done key cannot be released.
+async fn release_frees_and_tokens_are_never_reused(db: Backend) {
+    let store = db.store();
+    let first = reserved(&store, "k", LONG, DAY).await;
+    assert_eq!(
+        store.release(&fence("k", &first)).await.unwrap(),
+        Fenced::Applied
+    );
+    assert!(store.lookup("client", "k").await.unwrap().is_none());
+    let second = reserved(&store, "k", LONG, DAY).await;
+    assert!(second.token > first.token);
+    assert!(!second.takeover);
+    assert_eq!(
+        store
+            .complete(&fence("k", &first), &answer("stale"))
+            .await
+            .unwrap(),
+        Fenced::Refused
+    );
+    assert_eq!(
+        store
+            .complete(&fence("k", &second), &answer("ok"))
+            .await
+            .unwrap(),
+        Fenced::Applied
+    );
+    assert_eq!(
+        store.release(&fence("k", &second)).await.unwrap(),
+        Fenced::Refused,
+        "done rows stay"
+    );
+}
+
+/// Renewal keeps a short lease alive past its original end.
+async fn renewal_extends_the_lease(db: Backend) {
+    let store = db.store();
+    let lease = reserved(&store, "k", Duration::from_millis(300), DAY).await;
+    assert_eq!(
+        store.renew(&fence("k", &lease), LONG).await.unwrap(),
+        Fenced::Applied
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(matches!(
+        store.reserve(&req("k", &FP, LONG, DAY)).await.unwrap(),
+        Reservation::InProgress { .. }
+    ));
+}
+
+/// An answer completed as not replayable is reported so, never replayed or re-executed.
+async fn not_replayable_completion(db: Backend) {
+    let store = db.store();
+    let lease = reserved(&store, "k", LONG, DAY).await;
+    let done = Completion::NotReplayable { status: 200 };
+    assert_eq!(
+        store.complete(&fence("k", &lease), &done).await.unwrap(),
+        Fenced::Applied
+    );
+    assert_eq!(
+        store.reserve(&req("k", &FP, LONG, DAY)).await.unwrap(),
+        Reservation::NotReplayable { status: 200 }
+    );
+}
+
+/// The sweep deletes done rows past retention and abandoned in-progress rows past it, and
+/// keeps everything else.
+async fn sweep_respects_retention(db: Backend) {
+    let store = db.store();
+    let old_done = reserved(&store, "old-done", LONG, TINY).await;
+    store
+        .complete(&fence("old-done", &old_done), &answer("x"))
+        .await
+        .unwrap();
+    reserved(&store, "old-abandoned", TINY, TINY).await;
+    reserved(&store, "old-but-live", LONG, TINY).await;
+    let fresh = reserved(&store, "fresh-done", LONG, DAY).await;
+    store
+        .complete(&fence("fresh-done", &fresh), &answer("x"))
+        .await
+        .unwrap();
+    expire().await;
+    assert_eq!(store.sweep(100).await.unwrap(), 2);
+    assert!(store.lookup("client", "old-done").await.unwrap().is_none());
+    assert!(
+        store
+            .lookup("client", "old-abandoned")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .lookup("client", "old-but-live")
+            .await
+            .unwrap()
+            .is_some(),
+        "a live lease is never swept"
+    );
+    assert!(
+        store
+            .lookup("client", "fresh-done")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(store.sweep(100).await.unwrap(), 0);
+}
+
+/// Two sweepers at once (two replicas) delete every expired row exactly once, in batches.
+async fn concurrent_sweepers_delete_each_row_once(db: Backend) {
+    let store = db.store();
+    for i in 0..120 {
+        let key = format!("k{i}");
+        let lease = reserved(&store, &key, LONG, TINY).await;
+        store
+            .complete(&fence(&key, &lease), &answer("x"))
+            .await
+            .unwrap();
+    }
+    expire().await;
+    let sweeper = |store: idemproxy::store::AnyStore| async move {
+        let mut total = 0;
+        loop {
+            let n = store.sweep(10).await.unwrap();
+            if n == 0 {
+                return total;
+            }
+            total += n;
+        }
+    };
+    let (a, b) = tokio::join!(
+        tokio::spawn(sweeper(db.store())),
+        tokio::spawn(sweeper(db.store()))
+    );
+    assert_eq!(a.unwrap() + b.unwrap(), 120);
+    assert_eq!(db.rows().await, 0);
+}
+
+/// Dozens of tasks reserving one key at once: exactly one wins.
+async fn dozens_of_concurrent_reservations(db: Backend) {
+    let mut tasks = Vec::new();
+    for _ in 0..40 {
+        let store = db.store();
+        tasks.push(tokio::spawn(async move {
+            store.reserve(&req("hot", &FP, LONG, DAY)).await.unwrap()
+        }));
+    }
+    let mut winners = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Reservation::Reserved(_) => winners += 1,
+            Reservation::InProgress { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(winners, 1);
+}
+
+/// Operators see abandoned keys and can evict them; an evicted key starts afresh.
+async fn stuck_and_evict(db: Backend) {
+    let store = db.store();
+    reserved(&store, "abandoned", TINY, DAY).await;
+    reserved(&store, "live", LONG, DAY).await;
+    expire().await;
+    let stuck = store.stuck(10).await.unwrap();
+    assert_eq!(stuck.len(), 1);
+    assert_eq!(stuck[0].key, "abandoned");
+    assert!(stuck[0].lease_remaining_ms.unwrap() < 0);
+    assert!(store.evict("client", "abandoned").await.unwrap());
+    assert!(!store.evict("client", "abandoned").await.unwrap());
+    let again = reserved(&store, "abandoned", LONG, DAY).await;
+    assert_eq!((again.attempts, again.takeover), (1, false));
+}
+
+on_both_stores!(
+    reserve_conflict_mismatch,
+    complete_then_replay,
+    takeover_after_expiry,
+    fence_refuses_the_stale_owner,
+    release_frees_and_tokens_are_never_reused,
+    renewal_extends_the_lease,
+    not_replayable_completion,
+    sweep_respects_retention,
+    concurrent_sweepers_delete_each_row_once,
+    dozens_of_concurrent_reservations,
+    stuck_and_evict,
+);
