@@ -14,13 +14,18 @@
 //! - [`proxy`]: the request path — pass-through, protection, detached execution.
 //! - [`problem`]: every error the proxy answers itself, as RFC 9457 problem+json.
 //! - [`server`]: accept loop and graceful drain; [`shutdown`]: the stop signal.
+//! - [`admin`]: health, readiness, metrics and the key admin API on the admin listener.
+//! - [`metrics`]: the Prometheus registry; [`sweep`]: retention.
 
+pub mod admin;
 pub mod canonical;
 pub mod config;
 pub mod fingerprint;
+pub mod metrics;
 pub mod problem;
 pub mod proxy;
 pub mod route;
 pub mod server;
 pub mod shutdown;
 pub mod store;
+pub mod sweep;

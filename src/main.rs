@@ -7,8 +7,10 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use idemproxy::config::{self, Config, Overrides, StoreConfig};
+use idemproxy::metrics::Metrics;
 use idemproxy::proxy::Proxy;
 use idemproxy::store::{AnyStore, KeyStore, PgStore, migrate};
+use idemproxy::sweep;
 use tokio::net::TcpListener;
 
 /// An HTTP reverse proxy that makes retried requests safe with Idempotency-Key semantics.
@@ -51,6 +53,8 @@ enum Command {
     Migrate,
     /// Print the effective configuration and route table, or the errors.
     CheckConfig,
+    /// Run one retention pass (delete expired keys) and exit.
+    Sweep,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -100,21 +104,33 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         listen: common.listen.clone(),
         upstream: common.upstream.clone(),
         database_url: common.database_url.clone(),
+        admin_token: std::env::var("IDEMPROXY_ADMIN_TOKEN").ok(),
     };
-    let command = cli.command.unwrap_or(Command::Serve);
-    if let Command::CheckConfig = command {
-        let config = config::load(common.config.as_deref(), &overrides)?;
-        print!("{config}");
-        return Ok(());
+    let path = common.config.as_deref();
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::CheckConfig => {
+            let config = config::load(path, &overrides)?;
+            print!("{config}");
+            Ok(())
+        }
+        Command::Migrate => {
+            // Migrating needs only the database, not an upstream.
+            let store = postgres_store(&config::load_store(path, &overrides)?)?;
+            apply_migrations(&store).await
+        }
+        Command::Sweep => {
+            let store = AnyStore::open(&config::load_store(path, &overrides)?)
+                .context("opening the store")?;
+            let batch = config::load(path, &overrides)
+                .map_or(config::DEFAULT_SWEEP_BATCH, |c| c.sweep_batch);
+            let deleted = sweep::sweep_once(&store, batch, &Metrics::new())
+                .await
+                .context("sweeping")?;
+            println!("deleted {deleted} expired keys");
+            Ok(())
+        }
+        Command::Serve => serve(Arc::new(config::load(path, &overrides)?), common.migrate).await,
     }
-    if let Command::Migrate = command {
-        // Migrating needs only the database, not an upstream.
-        let store = postgres_store(&config::load_store(common.config.as_deref(), &overrides)?)?;
-        apply_migrations(&store).await?;
-        return Ok(());
-    }
-    let config = Arc::new(config::load(common.config.as_deref(), &overrides)?);
-    serve(config, common.migrate).await
 }
 
 fn postgres_store(store: &StoreConfig) -> anyhow::Result<PgStore> {
@@ -177,9 +193,41 @@ async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> 
     let listener = TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
-    tracing::info!(listen = %config.listen, upstream = %config.upstream.origin, "idemproxy listening");
-    let grace = config.shutdown_grace;
-    let proxy = Proxy::new(config, store);
-    idemproxy::server::run(listener, proxy, idemproxy::shutdown::signal(), grace).await;
+    let admin_listener = TcpListener::bind(config.admin_listen)
+        .await
+        .with_context(|| format!("binding the admin listener {}", config.admin_listen))?;
+    tracing::info!(
+        listen = %config.listen,
+        admin = %config.admin_listen,
+        upstream = %config.upstream.origin,
+        "idemproxy listening"
+    );
+    let proxy = Proxy::new(Arc::clone(&config), store.clone());
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    let admin = tokio::spawn(idemproxy::admin::run(
+        admin_listener,
+        proxy.clone(),
+        config.admin_token.clone(),
+        async move {
+            let mut stopped = stopped;
+            let _ = stopped.changed().await;
+        },
+    ));
+    let sweeper = tokio::spawn(sweep::run(
+        store,
+        config.sweep_interval,
+        config.sweep_batch,
+        Arc::clone(proxy.metrics()),
+    ));
+    idemproxy::server::run(
+        listener,
+        proxy,
+        idemproxy::shutdown::signal(),
+        config.shutdown_grace,
+    )
+    .await;
+    sweeper.abort();
+    drop(stop);
+    let _ = admin.await;
     Ok(())
 }

@@ -156,7 +156,7 @@ impl ProxyError {
             ProxyError::UpstreamUnreachable(_) => (
                 "upstream-unreachable",
                 "Upstream unreachable",
-                "The upstream service could not be reached; the request was not sent and the key was released. It is safe to retry with the same key.".to_owned(),
+                "The upstream service could not be reached, so the request was not sent (and its idempotency key, if any, was released). It is safe to retry with the same key.".to_owned(),
             ),
             ProxyError::UpstreamFailed(_) => (
                 "upstream-failed",

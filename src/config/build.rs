@@ -19,6 +19,8 @@ pub struct Overrides {
     pub listen: Option<String>,
     pub upstream: Option<String>,
     pub database_url: Option<String>,
+    /// `IDEMPROXY_ADMIN_TOKEN`: secrets belong in the environment, not the file.
+    pub admin_token: Option<String>,
 }
 
 /// Collects every problem instead of stopping at the first, so one `check-config` run shows
@@ -52,6 +54,9 @@ fn apply_overrides(file: &mut FileConfig, overrides: &Overrides) {
     }
     if let Some(url) = &overrides.upstream {
         file.upstream.get_or_insert_with(Default::default).url = Some(url.clone());
+    }
+    if let Some(token) = &overrides.admin_token {
+        file.admin_token = Some(token.clone());
     }
     if let Some(url) = &overrides.database_url {
         let store = file.store.get_or_insert_with(Default::default);
@@ -93,6 +98,26 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
     let store = build_store(&mut problems, &file);
     let client_id = build_client_id(&mut problems, &file);
     let shutdown_grace = file.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0);
+    let admin_token = file.admin_token.clone().filter(|t| !t.is_empty());
+    if let Some(addr) = admin_listen {
+        if !addr.ip().is_loopback() && admin_token.is_none() {
+            problems.push(
+                "admin_token",
+                format!("required when admin_listen ({addr}) is not a loopback address; set it or IDEMPROXY_ADMIN_TOKEN"),
+            );
+        }
+    }
+    let sweep = file.sweep.as_ref();
+    let sweep_interval = sweep
+        .and_then(|s| s.interval)
+        .map_or(DEFAULT_SWEEP_INTERVAL, |d| d.0);
+    let sweep_batch = sweep.and_then(|s| s.batch).unwrap_or(DEFAULT_SWEEP_BATCH);
+    if !(1..=100_000).contains(&sweep_batch) {
+        problems.push("sweep.batch", "must be between 1 and 100000");
+    }
+    if sweep_interval.is_zero() {
+        problems.push("sweep.interval", "must be more than 0s");
+    }
 
     let store_timeout = store
         .as_ref()
@@ -125,6 +150,9 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
                 routes: RouteTable::new(routes),
                 shutdown_grace,
                 implicit_routes,
+                admin_token,
+                sweep_interval,
+                sweep_batch,
             })
         }
         _ => Err(problems.0),

@@ -19,6 +19,16 @@ pub struct FileConfig {
     pub defaults: Option<FilePolicy>,
     pub routes: Option<Vec<FileRoute>>,
     pub shutdown_grace: Option<HumanDuration>,
+    pub admin_token: Option<String>,
+    pub sweep: Option<FileSweep>,
+}
+
+/// `sweep:` — the background retention sweep.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSweep {
+    pub interval: Option<HumanDuration>,
+    pub batch: Option<i64>,
 }
 
 /// `upstream:`

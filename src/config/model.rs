@@ -37,6 +37,10 @@ pub const DEFAULT_MAX_STORED_RESPONSE: u64 = 1 << 20;
 pub const DEFAULT_KEY_HEADER: &str = "idempotency-key";
 /// How long in-flight requests may take to finish after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// How often the retention sweep runs.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+/// Rows per sweep statement.
+pub const DEFAULT_SWEEP_BATCH: i64 = 500;
 /// Embedded store file when no PostgreSQL URL is configured.
 pub const DEFAULT_EMBEDDED_PATH: &str = "./idemproxy.db";
 
@@ -52,6 +56,12 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Whether the route table was implied (no `routes:` in the file).
     pub implicit_routes: bool,
+    /// Bearer token for `/admin/*`; required when the admin listener is not loopback.
+    pub admin_token: Option<String>,
+    /// How often the retention sweep runs.
+    pub sweep_interval: Duration,
+    /// Rows deleted per sweep statement (small batches: no long locks).
+    pub sweep_batch: i64,
 }
 
 /// Where and how requests are forwarded.
@@ -232,6 +242,18 @@ impl fmt::Display for Config {
             f,
             "shutdown_grace: {}",
             format_duration(self.shutdown_grace)
+        )?;
+        let token = if self.admin_token.is_some() {
+            "(set)"
+        } else {
+            "(none)"
+        };
+        writeln!(f, "admin_token: {token}")?;
+        writeln!(
+            f,
+            "sweep:\n  interval: {}\n  batch: {}",
+            format_duration(self.sweep_interval),
+            self.sweep_batch
         )?;
         if self.implicit_routes {
             writeln!(

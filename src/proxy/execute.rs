@@ -22,14 +22,17 @@ use super::body::{BoxError, Prefixed, ProxyBody, boxed, empty, full};
 use super::forward::ForwardError;
 use super::headers::{decode_stored, encode_stored, strip_hop_by_hop};
 use super::key::derived_key;
+use super::observe::Observed;
 use super::service::{Shared, drop_length, error_chain};
 use crate::config::{OnConflict, Policy, RecoveryProbe, Route};
 use crate::fingerprint::Fingerprint;
+use crate::metrics::{KindLabel, Metrics, RouteLabel};
 use crate::problem::ProxyError;
 use crate::store::{
     Completion, Fence, Fenced, KeyStore, Reservation, ReserveRequest, StoreError, StoredResponse,
     key_id,
 };
+use std::borrow::Cow;
 
 /// How long to keep retrying a completion the store refused to take (store unreachable).
 const COMPLETION_RETRY_WINDOW: Duration = Duration::from_secs(300);
@@ -108,7 +111,13 @@ pub(crate) async fn run<S: KeyStore>(
     job: Job,
     tx: oneshot::Sender<Answer>,
 ) {
-    let policy = &job.route.policy;
+    let route = Arc::clone(&job.route);
+    let policy = &route.policy;
+    let store = Observed {
+        store: &shared.store,
+        metrics: &shared.metrics,
+        route: &route.name,
+    };
     let lease = match reserve(&shared, &job).await {
         Ok(Reservation::Reserved(lease)) => lease,
         Ok(Reservation::Done(stored)) => return answer(tx, Outcome::Replayed, Ok(replay(stored))),
@@ -134,6 +143,7 @@ pub(crate) async fn run<S: KeyStore>(
         }
     };
     if lease.takeover {
+        Metrics::count_route(&shared.metrics.takeovers, &route.name);
         tracing::warn!(
             route = %job.route.name,
             attempt = lease.attempts,
@@ -176,20 +186,20 @@ pub(crate) async fn run<S: KeyStore>(
                     Probe::Inconclusive(err) => return Upstream::Unknown(err),
                 }
             }
-            call_upstream(&shared, request, policy.max_stored_response).await
+            call_upstream(&shared, &route.name, request, policy.max_stored_response).await
         };
         tokio::pin!(work);
         tokio::select! {
             biased;
             result = &mut work => result,
-            never = keep_lease(&shared.store, &fence, policy.lease) => match never {},
+            never = keep_lease(&store, &fence, policy.lease) => match never {},
         }
     };
 
     match upstream {
         Upstream::NotSent(cause) => {
             // Nothing was sent, so nothing happened: free the key for the next attempt.
-            if let Err(e) = shared.store.release(&fence).await {
+            if let Err(e) = store.release(&fence).await {
                 tracing::warn!(cause = %e, "could not release the key; it frees up when its lease runs out");
             }
             answer(
@@ -210,7 +220,7 @@ pub(crate) async fn run<S: KeyStore>(
             head.version = http::Version::default();
             let status = head.status.as_u16();
             if policy.release_on.contains(&status) {
-                if let Err(e) = shared.store.release(&fence).await {
+                if let Err(e) = store.release(&fence).await {
                     tracing::warn!(cause = %e, "could not release the key; it frees up when its lease runs out");
                 }
                 return answer(
@@ -224,13 +234,13 @@ pub(crate) async fn run<S: KeyStore>(
                 headers: encode_stored(&head.headers, &policy.store_headers),
                 body: body.clone(),
             });
-            let first = shared.store.complete(&fence, &completion).await;
+            let first = store.complete(&fence, &completion).await;
             answer(
                 tx,
                 Outcome::Executed,
                 Ok(Response::from_parts(head, full(body))),
             );
-            settle(&shared.store, &fence, &completion, first).await;
+            settle(&store, &fence, &completion, first).await;
         }
         Upstream::TooLarge {
             mut head,
@@ -242,14 +252,14 @@ pub(crate) async fn run<S: KeyStore>(
             let completion = Completion::NotReplayable {
                 status: head.status.as_u16(),
             };
-            let first = shared.store.complete(&fence, &completion).await;
+            let first = store.complete(&fence, &completion).await;
             let body = boxed(Prefixed::new(prefix, rest));
             answer(
                 tx,
                 Outcome::NotReplayable,
                 Ok(Response::from_parts(head, body)),
             );
-            settle(&shared.store, &fence, &completion, first).await;
+            settle(&store, &fence, &completion, first).await;
         }
     }
 }
@@ -258,6 +268,11 @@ pub(crate) async fn run<S: KeyStore>(
 /// (woken by the store's notifications, with a slow fallback tick) up to the route's bound.
 async fn reserve<S: KeyStore>(shared: &Shared<S>, job: &Job) -> Result<Reservation, StoreError> {
     let policy = &job.route.policy;
+    let store = Observed {
+        store: &shared.store,
+        metrics: &shared.metrics,
+        route: &job.route.name,
+    };
     let request = ReserveRequest {
         client_id: &job.client_id,
         key: &job.key,
@@ -266,7 +281,7 @@ async fn reserve<S: KeyStore>(shared: &Shared<S>, job: &Job) -> Result<Reservati
         lease: policy.lease,
         retention: policy.retention,
     };
-    let first = shared.store.reserve(&request).await;
+    let first = store.reserve(&request).await;
     let OnConflict::Wait(limit) = policy.on_conflict else {
         return first;
     };
@@ -280,7 +295,7 @@ async fn reserve<S: KeyStore>(shared: &Shared<S>, job: &Job) -> Result<Reservati
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let now = shared.store.reserve(&request).await;
+        let now = store.reserve(&request).await;
         if !matches!(now, Ok(Reservation::InProgress { .. })) || Instant::now() >= deadline {
             return now;
         }
@@ -326,7 +341,13 @@ async fn ask_probe<S>(
             .insert(policy.upstream_key_header.clone(), value);
     }
     let request = shared.forwarder.upstream_request(parts, empty(), peer);
-    let answer = call_upstream(shared, request, policy.max_stored_response).await;
+    let answer = call_upstream(
+        shared,
+        "recovery-probe",
+        request,
+        policy.max_stored_response,
+    )
+    .await;
     let status = match &answer {
         Upstream::Answered { head, .. } | Upstream::TooLarge { head, .. } => head.status.as_u16(),
         Upstream::NotSent(e) => {
@@ -389,8 +410,39 @@ fn replay(stored: StoredResponse) -> Response<ProxyBody> {
     resp
 }
 
-/// Calls the upstream and reads its answer, all within the upstream timeout.
+/// Calls the upstream and reads its answer, all within the upstream timeout; timed and
+/// counted per route.
 async fn call_upstream<S>(
+    shared: &Shared<S>,
+    route: &str,
+    request: http::Request<ProxyBody>,
+    max_stored: u64,
+) -> Upstream {
+    let started = std::time::Instant::now();
+    let result = read_upstream(shared, request, max_stored).await;
+    let metrics = &shared.metrics;
+    metrics
+        .upstream_seconds
+        .get_or_create(&RouteLabel {
+            route: Cow::Owned(route.to_owned()),
+        })
+        .observe(started.elapsed().as_secs_f64());
+    let kind = match &result {
+        Upstream::Answered { .. } | Upstream::TooLarge { .. } => None,
+        Upstream::NotSent(_) => Some("not_sent"),
+        Upstream::Unknown(ProxyError::UpstreamTimeout) => Some("timeout"),
+        Upstream::Unknown(_) => Some("failed"),
+    };
+    if let Some(kind) = kind {
+        metrics
+            .upstream_errors
+            .get_or_create(&KindLabel { kind })
+            .inc();
+    }
+    result
+}
+
+async fn read_upstream<S>(
     shared: &Shared<S>,
     request: http::Request<ProxyBody>,
     max_stored: u64,
@@ -436,7 +488,11 @@ async fn call_upstream<S>(
 }
 
 /// Renews the lease every third of its length for as long as it is polled.
-async fn keep_lease<S: KeyStore>(store: &S, fence: &Fence, lease: Duration) -> Infallible {
+async fn keep_lease<S: KeyStore>(
+    store: &Observed<'_, S>,
+    fence: &Fence,
+    lease: Duration,
+) -> Infallible {
     loop {
         sleep(lease / 3).await;
         match store.renew(fence, lease).await {
@@ -455,7 +511,7 @@ async fn keep_lease<S: KeyStore>(store: &S, fence: &Fence, lease: Duration) -> I
 /// Finishes a completion whose first attempt is `first`: logs a fenced-off write, retries a
 /// failed one with backoff for a bounded time.
 async fn settle<S: KeyStore>(
-    store: &S,
+    store: &Observed<'_, S>,
     fence: &Fence,
     completion: &Completion,
     first: Result<Fenced, crate::store::StoreError>,
@@ -473,6 +529,7 @@ async fn settle<S: KeyStore>(
                 return;
             }
             Err(e) if Instant::now() + pause > give_up => {
+                store.metrics.completions_abandoned.inc();
                 tracing::error!(
                     cause = %e,
                     "completion abandoned after retrying; the key stays in progress until its lease runs out, then a retry re-executes with the same derived key"

@@ -5,6 +5,7 @@ mod execute;
 mod forward;
 mod headers;
 mod key;
+mod observe;
 mod protect;
 mod service;
 

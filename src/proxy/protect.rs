@@ -31,13 +31,48 @@ pub(crate) async fn protect<S, B>(
     key: String,
     req: Request<B>,
     peer: SocketAddr,
-) -> Result<Response<ProxyBody>, ProxyError>
+) -> (&'static str, Result<Response<ProxyBody>, ProxyError>)
 where
     S: KeyStore,
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
     let started = Instant::now();
+    let job = match prepare(shared, Arc::clone(&route), key, req, peer).await {
+        Ok(job) => job,
+        Err(err) => return ("rejected", Err(err)),
+    };
+    // Logs carry a short hash of (client, key), never either in clear.
+    let tag = hex(&Sha256::digest(derived_key(&job.client_id, &job.key).as_bytes())[..6]);
+    let (tx, rx) = oneshot::channel();
+    shared.tasks.spawn(run(Arc::clone(shared), job, tx));
+    let (outcome, result) = match rx.await {
+        Ok(answer) => answer,
+        Err(_) => (Outcome::Failed, Err(ProxyError::Internal)),
+    };
+    tracing::info!(
+        route = %route.name,
+        key = %tag,
+        outcome = outcome.as_str(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "protected request"
+    );
+    (outcome.as_str(), result)
+}
+
+/// Everything that can be the client's fault: identity, body, fingerprint.
+async fn prepare<S, B>(
+    shared: &Arc<Shared<S>>,
+    route: Arc<Route>,
+    key: String,
+    req: Request<B>,
+    peer: SocketAddr,
+) -> Result<Job, ProxyError>
+where
+    S: KeyStore,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
     let policy = &route.policy;
     let client_id = client_id(req.headers(), &shared.config.client_id)?;
     let (parts, body) = req.into_parts();
@@ -59,7 +94,7 @@ where
             CollectError::Read(e) => ProxyError::BodyRead(e),
         })?;
 
-    let fp = fingerprint(&fingerprint::Request {
+    let fingerprint = fingerprint(&fingerprint::Request {
         method: parts.method.as_str(),
         path: parts.uri.path(),
         query: parts.uri.query(),
@@ -70,30 +105,13 @@ where
         body: &body,
         fields: policy.fingerprint_fields.as_deref(),
     })?;
-
-    // Logs carry a short hash of (client, key), never either in clear.
-    let tag = hex(&Sha256::digest(derived_key(&client_id, &key).as_bytes())[..6]);
-    let (tx, rx) = oneshot::channel();
-    let job = Job {
+    Ok(Job {
         route: Arc::clone(&route),
         client_id,
         key,
-        fingerprint: fp,
+        fingerprint,
         parts,
         body,
         peer,
-    };
-    shared.tasks.spawn(run(Arc::clone(shared), job, tx));
-    let (outcome, result) = match rx.await {
-        Ok(answer) => answer,
-        Err(_) => (Outcome::Failed, Err(ProxyError::Internal)),
-    };
-    tracing::info!(
-        route = %route.name,
-        key = %tag,
-        outcome = outcome.as_str(),
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "protected request"
-    );
-    result
+    })
 }

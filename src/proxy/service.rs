@@ -16,6 +16,7 @@ use super::headers::strip_hop_by_hop;
 use super::key::parse_key;
 use super::protect;
 use crate::config::Config;
+use crate::metrics::{KindLabel, Metrics};
 use crate::problem::ProxyError;
 use crate::store::KeyStore;
 
@@ -27,6 +28,8 @@ pub(crate) struct Shared<S> {
     pub store: S,
     /// Pooled upstream client.
     pub forwarder: Forwarder,
+    /// What the proxy counts; rendered on the admin listener.
+    pub metrics: Arc<Metrics>,
     /// Detached executions (upstream call + completion). They outlive the client's
     /// connection on purpose; shutdown waits for them so no answer is left unstored.
     pub tasks: TaskTracker,
@@ -54,6 +57,7 @@ impl<S: KeyStore> Proxy<S> {
                 config,
                 store,
                 forwarder,
+                metrics: Arc::new(Metrics::new()),
                 tasks: TaskTracker::new(),
             }),
         }
@@ -69,33 +73,45 @@ impl<S: KeyStore> Proxy<S> {
         &self.shared.tasks
     }
 
+    /// What the proxy has counted; the admin listener renders it.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
+    }
+
     /// Answers one request. Never fails: errors become problem responses.
     pub async fn handle<B>(&self, req: Request<B>, peer: SocketAddr) -> Response<ProxyBody>
     where
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
+        let started = std::time::Instant::now();
         let method = req.method().clone();
         let path = req.uri().path().to_owned();
-        match self.handle_inner(req, peer).await {
+        let (route, outcome, result) = self.handle_inner(req, peer).await;
+        self.shared
+            .metrics
+            .observe_request(route, outcome, started.elapsed());
+        match result {
             Ok(resp) => resp,
             Err(err) => {
                 let status = err.status();
                 if status.is_server_error() {
-                    tracing::warn!(%method, %path, status = status.as_u16(), cause = %error_chain(&err), "request failed");
+                    tracing::warn!(%method, %path, route, status = status.as_u16(), cause = %error_chain(&err), "request failed");
                 } else {
-                    tracing::debug!(%method, %path, status = status.as_u16(), cause = %err, "request rejected");
+                    tracing::debug!(%method, %path, route, status = status.as_u16(), cause = %err, "request rejected");
                 }
                 err.into_response()
             }
         }
     }
 
+    /// Routes the request; returns the route's name (`-` for none) and the outcome label
+    /// with the result, for metrics.
     async fn handle_inner<B>(
         &self,
         req: Request<B>,
         peer: SocketAddr,
-    ) -> Result<Response<ProxyBody>, ProxyError>
+    ) -> (&str, &'static str, Result<Response<ProxyBody>, ProxyError>)
     where
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
@@ -106,33 +122,42 @@ impl<S: KeyStore> Proxy<S> {
             .routes
             .lookup(req.method(), req.uri().path())
         else {
-            return self.pass_through(req, peer).await;
+            return self.pass_through("-", req, peer).await;
         };
         let policy = &route.policy;
         let key = match parse_key(req.headers(), &policy.key_header) {
             Ok(Some(key)) => key,
             Ok(None) if policy.require_key => {
-                return Err(ProxyError::MissingKey {
+                let err = ProxyError::MissingKey {
                     header: policy.key_header.to_string(),
-                });
+                };
+                return (&route.name, "rejected", Err(err));
             }
-            Ok(None) => return self.pass_through(req, peer).await,
+            Ok(None) => return self.pass_through(&route.name, req, peer).await,
             Err(reason) => {
-                return Err(ProxyError::InvalidKey {
+                let err = ProxyError::InvalidKey {
                     header: policy.key_header.to_string(),
                     reason,
-                });
+                };
+                return (&route.name, "rejected", Err(err));
             }
         };
-        protect::protect(&self.shared, Arc::clone(route), key, req, peer).await
+        let (outcome, result) =
+            protect::protect(&self.shared, Arc::clone(route), key, req, peer).await;
+        (&route.name, outcome, result)
     }
 
     /// Forwards an unprotected request as it is, streaming both ways.
-    async fn pass_through<B>(
+    async fn pass_through<'a, B>(
         &self,
+        route: &'a str,
         req: Request<B>,
         peer: SocketAddr,
-    ) -> Result<Response<ProxyBody>, ProxyError>
+    ) -> (
+        &'a str,
+        &'static str,
+        Result<Response<ProxyBody>, ProxyError>,
+    )
     where
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
@@ -141,16 +166,27 @@ impl<S: KeyStore> Proxy<S> {
         let forwarder = &self.shared.forwarder;
         let upstream_req = forwarder.upstream_request(parts, boxed(body), peer);
         let timeout = forwarder.upstream().timeout;
-        let resp = match tokio::time::timeout(timeout, forwarder.send(upstream_req)).await {
-            Err(_) => return Err(ProxyError::UpstreamTimeout),
-            Ok(Err(ForwardError::NotSent(e))) => return Err(ProxyError::UpstreamUnreachable(e)),
-            Ok(Err(ForwardError::Failed(e))) => return Err(ProxyError::UpstreamFailed(e)),
-            Ok(Ok(resp)) => resp,
+        let (kind, err) = match tokio::time::timeout(timeout, forwarder.send(upstream_req)).await {
+            Ok(Ok(resp)) => {
+                let (mut parts, body) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                parts.version = http::Version::default();
+                return (
+                    route,
+                    "passed_through",
+                    Ok(Response::from_parts(parts, boxed(body))),
+                );
+            }
+            Err(_) => ("timeout", ProxyError::UpstreamTimeout),
+            Ok(Err(ForwardError::NotSent(e))) => ("not_sent", ProxyError::UpstreamUnreachable(e)),
+            Ok(Err(ForwardError::Failed(e))) => ("failed", ProxyError::UpstreamFailed(e)),
         };
-        let (mut parts, body) = resp.into_parts();
-        strip_hop_by_hop(&mut parts.headers);
-        parts.version = http::Version::default();
-        Ok(Response::from_parts(parts, boxed(body)))
+        self.shared
+            .metrics
+            .upstream_errors
+            .get_or_create(&KindLabel { kind })
+            .inc();
+        (route, "upstream_error", Err(err))
     }
 }
 

@@ -82,6 +82,10 @@ impl KeyStore for AnyStore {
         delegate!(self, s => s.sweep(batch).await)
     }
 
+    fn pool_status(&self) -> Option<PoolStatus> {
+        delegate!(self, s => s.pool_status())
+    }
+
     fn subscribe(&self, id: KeyId) -> Arc<Notify> {
         delegate!(self, s => s.subscribe(id))
     }

@@ -298,6 +298,15 @@ impl KeyStore for PgStore {
         .await
     }
 
+    fn pool_status(&self) -> Option<PoolStatus> {
+        let s = self.pool.status();
+        Some(PoolStatus {
+            size: s.size,
+            available: s.available,
+            waiting: s.waiting,
+        })
+    }
+
     fn subscribe(&self, id: KeyId) -> Arc<Notify> {
         let notify = self.waiters.subscribe(id);
         self.listening.get_or_init(|| {

@@ -97,6 +97,14 @@ pub enum Fenced {
     Refused,
 }
 
+/// Connections open, idle, and callers waiting for one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStatus {
+    pub size: usize,
+    pub available: usize,
+    pub waiting: usize,
+}
+
 /// Where a key stands, for operators (admin API) and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRecord {
@@ -186,6 +194,11 @@ pub trait KeyStore: Send + Sync + 'static {
 
     /// A notifier woken when `id` is completed or released (by any replica).
     fn subscribe(&self, id: KeyId) -> Arc<Notify>;
+
+    /// Connection pool occupancy, where there is a pool (for gauges).
+    fn pool_status(&self) -> Option<PoolStatus> {
+        None
+    }
 
     /// Whether the store answers at all (readiness).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;

@@ -616,12 +616,17 @@ pub fn client_for(addr: SocketAddr) -> TestClient {
 /// A proxy served on 127.0.0.1 by the library's own `server::run`.
 pub struct TestProxy {
     pub addr: SocketAddr,
+    /// The admin listener (health, metrics, admin API).
+    pub admin: SocketAddr,
+    pub metrics: Arc<idemproxy::metrics::Metrics>,
     shutdown: Option<oneshot::Sender<()>>,
     handle: tokio::task::JoinHandle<()>,
+    admin_handle: tokio::task::JoinHandle<()>,
 }
 
 impl TestProxy {
-    /// Starts a proxy on `yaml` (a configuration; `{upstream}` and `{db}` are substituted).
+    /// Starts a proxy and its admin listener on `yaml` (`{store}` and `{upstream}` are
+    /// substituted).
     pub async fn spawn(yaml: &str, upstream: &Upstream, db: &Backend) -> Self {
         let text = yaml
             .replace("{store}", &db.store_yaml())
@@ -632,7 +637,16 @@ impl TestProxy {
         );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let admin_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = admin_listener.local_addr().unwrap();
         let proxy = Proxy::new(Arc::clone(&config), AnyStore::open(&config.store).unwrap());
+        let metrics = Arc::clone(proxy.metrics());
+        let admin_handle = tokio::spawn(idemproxy::admin::run(
+            admin_listener,
+            proxy.clone(),
+            config.admin_token.clone(),
+            std::future::pending(),
+        ));
         let (tx, rx) = oneshot::channel::<()>();
         let handle = tokio::spawn(idemproxy::server::run(
             listener,
@@ -644,8 +658,11 @@ impl TestProxy {
         ));
         TestProxy {
             addr,
+            admin,
+            metrics,
             shutdown: Some(tx),
             handle,
+            admin_handle,
         }
     }
 
@@ -655,6 +672,7 @@ impl TestProxy {
             let _ = tx.send(());
         }
         let _ = (&mut self.handle).await;
+        self.admin_handle.abort();
     }
 }
 

@@ -1,0 +1,370 @@
+//! The admin listener: health, readiness, metrics, and the key admin API — so that an
+//! operator never has to open `psql` at 3 a.m.
+//!
+//! - `GET /healthz` — the process is up.
+//! - `GET /readyz` — the store answers (`503` otherwise).
+//! - `GET /metrics` — Prometheus / OpenMetrics text.
+//! - `GET /admin/keys/{client_id}/{key}` — where a key stands.
+//! - `DELETE /admin/keys/{client_id}/{key}` — evict it (the next request executes afresh).
+//! - `GET /admin/stuck?limit=N` — in-progress keys whose lease ran out.
+//!
+//! `/admin/*` requires `Authorization: Bearer <admin_token>` when a token is configured
+//! (and one must be configured when the listener is not loopback).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde::Serialize;
+use tokio::net::TcpListener;
+
+use crate::problem::Problem;
+use crate::proxy::body::{ProxyBody, full};
+use crate::proxy::{Proxy, hex};
+use crate::store::{KeyRecord, KeyStore};
+
+/// Most rows `/admin/stuck` returns.
+const MAX_STUCK: i64 = 1000;
+
+/// Serves the admin endpoints until `shutdown` resolves.
+pub async fn run<S: KeyStore>(
+    listener: TcpListener,
+    proxy: Proxy<S>,
+    token: Option<String>,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let token = token.map(std::sync::Arc::<str>::from);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(cause = %e, "admin listener failed to accept");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => return,
+        };
+        let proxy = proxy.clone();
+        let token = token.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let proxy = proxy.clone();
+                let token = token.clone();
+                async move { Ok::<_, Infallible>(handle(&proxy, token.as_deref(), req).await) }
+            });
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+/// Answers one admin request.
+pub async fn handle<S: KeyStore>(
+    proxy: &Proxy<S>,
+    token: Option<&str>,
+    req: Request<Incoming>,
+) -> Response<ProxyBody> {
+    let path = req.uri().path().to_owned();
+    let method = req.method().clone();
+    match (&method, path.as_str()) {
+        (&Method::GET, "/healthz") => text(StatusCode::OK, "text/plain", "ok\n"),
+        (&Method::GET, "/readyz") => match proxy.store().ping().await {
+            Ok(()) => text(StatusCode::OK, "text/plain", "ready\n"),
+            Err(e) => {
+                tracing::warn!(cause = %e, "not ready: store unreachable");
+                problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store-unavailable",
+                    "Store unavailable",
+                    "The idempotency store cannot be reached.",
+                )
+            }
+        },
+        (&Method::GET, "/metrics") => {
+            let metrics = proxy.metrics();
+            if let Some(pool) = proxy.store().pool_status() {
+                metrics.pool_size.set(pool.size as i64);
+                metrics.pool_available.set(pool.available as i64);
+                metrics.pool_waiting.set(pool.waiting as i64);
+            }
+            text(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                metrics.render(),
+            )
+        }
+        (_, p) if p.starts_with("/admin/") => {
+            if !authorized(token, &req) {
+                let mut resp = problem(
+                    StatusCode::UNAUTHORIZED,
+                    "admin-unauthorized",
+                    "Admin token required",
+                    "Send `Authorization: Bearer <admin_token>`.",
+                );
+                resp.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    http::HeaderValue::from_static("Bearer"),
+                );
+                return resp;
+            }
+            admin(proxy, &method, p, req.uri().query()).await
+        }
+        _ => problem(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            "Not found",
+            "See the README's Operations section for the admin endpoints.",
+        ),
+    }
+}
+
+async fn admin<S: KeyStore>(
+    proxy: &Proxy<S>,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+) -> Response<ProxyBody> {
+    let store = proxy.store();
+    if path == "/admin/stuck" && method == Method::GET {
+        let limit = query
+            .and_then(|q| form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "limit"))
+            .and_then(|(_, v)| v.parse::<i64>().ok())
+            .unwrap_or(100)
+            .clamp(1, MAX_STUCK);
+        return match store.stuck(limit).await {
+            Ok(rows) => json(
+                StatusCode::OK,
+                &serde_json::json!({ "keys": rows.iter().map(KeyView::from).collect::<Vec<_>>() }),
+            ),
+            Err(e) => store_failed(&e),
+        };
+    }
+    let Some(rest) = path.strip_prefix("/admin/keys/") else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            "Not found",
+            "Admin endpoints: /admin/keys/{client_id}/{key}, /admin/stuck.",
+        );
+    };
+    let mut parts = rest.splitn(2, '/');
+    let (Some(client), Some(key)) = (parts.next(), parts.next()) else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            "Not found",
+            "Use /admin/keys/{client_id}/{key}, each percent-encoded.",
+        );
+    };
+    let (Ok(client), Ok(key)) = (decode(client), decode(key)) else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "bad-path",
+            "Invalid path",
+            "The client id and key must be percent-encoded UTF-8.",
+        );
+    };
+    match *method {
+        Method::GET => match store.lookup(&client, &key).await {
+            Ok(Some(record)) => json(StatusCode::OK, &KeyView::from(&record)),
+            Ok(None) => problem(
+                StatusCode::NOT_FOUND,
+                "no-such-key",
+                "No such key",
+                "No row for this client id and key (never seen, released, evicted or swept).",
+            ),
+            Err(e) => store_failed(&e),
+        },
+        Method::DELETE => match store.evict(&client, &key).await {
+            Ok(true) => {
+                tracing::warn!(key = %hex(&crate::store::key_id(&client, &key)[..6]), "key evicted by an operator");
+                json(StatusCode::OK, &serde_json::json!({ "evicted": true }))
+            }
+            Ok(false) => problem(
+                StatusCode::NOT_FOUND,
+                "no-such-key",
+                "No such key",
+                "Nothing to evict.",
+            ),
+            Err(e) => store_failed(&e),
+        },
+        _ => problem(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+            "Method not allowed",
+            "Use GET or DELETE.",
+        ),
+    }
+}
+
+fn decode(segment: &str) -> Result<String, std::str::Utf8Error> {
+    percent_encoding::percent_decode_str(segment)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+}
+
+/// Compares the bearer token in constant time.
+fn authorized(token: Option<&str>, req: &Request<Incoming>) -> bool {
+    let Some(token) = token else {
+        return true;
+    };
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+fn store_failed(e: &crate::store::StoreError) -> Response<ProxyBody> {
+    tracing::warn!(cause = %e, "admin request: store unavailable");
+    problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store-unavailable",
+        "Store unavailable",
+        "The idempotency store cannot be reached.",
+    )
+}
+
+fn text(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<ProxyBody> {
+    let mut resp = Response::new(full(body.into()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
+    resp
+}
+
+fn json(status: StatusCode, value: &impl Serialize) -> Response<ProxyBody> {
+    text(
+        status,
+        "application/json",
+        serde_json::to_vec(value).unwrap_or_default(),
+    )
+}
+
+fn problem(
+    status: StatusCode,
+    slug: &str,
+    title: &'static str,
+    detail: &str,
+) -> Response<ProxyBody> {
+    let body = Problem {
+        kind: format!("urn:idemproxy:problem:{slug}"),
+        title,
+        status: status.as_u16(),
+        detail: detail.to_owned(),
+    };
+    text(
+        status,
+        "application/problem+json",
+        serde_json::to_vec(&body).unwrap_or_default(),
+    )
+}
+
+/// A key as the admin API shows it.
+#[derive(Serialize)]
+struct KeyView<'a> {
+    client_id: &'a str,
+    key: &'a str,
+    route: &'a str,
+    status: &'a str,
+    fingerprint: String,
+    lease_token: i64,
+    lease_remaining_ms: Option<i64>,
+    lease_expired: bool,
+    attempts: i32,
+    response_status: Option<u16>,
+    response_body_bytes: Option<i64>,
+    replayable: Option<bool>,
+    created_at: String,
+    completed_at: Option<String>,
+    expires_at: String,
+}
+
+impl<'a> From<&'a KeyRecord> for KeyView<'a> {
+    fn from(r: &'a KeyRecord) -> Self {
+        KeyView {
+            client_id: &r.client_id,
+            key: &r.key,
+            route: &r.route,
+            status: &r.status,
+            fingerprint: hex(&r.fingerprint),
+            lease_token: r.lease_token,
+            lease_remaining_ms: r.lease_remaining_ms,
+            lease_expired: r.lease_remaining_ms.is_some_and(|ms| ms < 0),
+            attempts: r.attempts,
+            response_status: r.response_status,
+            response_body_bytes: r.response_body_bytes,
+            replayable: r.replayable,
+            created_at: rfc3339(r.created_at_ms),
+            completed_at: r.completed_at_ms.map(rfc3339),
+            expires_at: rfc3339(r.expires_at_ms),
+        }
+    }
+}
+
+/// Unix milliseconds as RFC 3339 UTC (`2026-11-30T06:40:12.495Z`).
+pub fn rfc3339(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let millis = ms.rem_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Now, in unix milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Timestamps render as RFC 3339 UTC, across leap years and the epoch.
+    #[test]
+    fn rfc3339_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339(1_796_020_812_495), "2026-11-30T06:40:12.495Z");
+    }
+}

@@ -1,0 +1,233 @@
+//! Prometheus metrics: what the proxy did, how long it took, and what failed.
+//!
+//! Every metric lives in a registry owned by one [`Metrics`] (no process-global recorder),
+//! so two proxies in one test process count separately. `/metrics` on the admin listener
+//! renders it in the OpenMetrics text format, which Prometheus scrapes natively.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// `route`, `outcome`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteOutcome {
+    pub route: Cow<'static, str>,
+    pub outcome: &'static str,
+}
+
+/// `route`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    pub route: Cow<'static, str>,
+}
+
+/// `op` (reserve, renew, complete, release, sweep, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    pub op: &'static str,
+}
+
+/// `kind` (not_sent, timeout, failed).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+fn latency() -> Histogram {
+    // 0.25 ms to ~8 s.
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 16))
+}
+
+/// The proxy's metrics and the registry that renders them.
+pub struct Metrics {
+    registry: Registry,
+    /// Requests by route and outcome (`passed_through` has route `-`).
+    pub requests: Family<RouteOutcome, Counter>,
+    /// Whole-request latency as the client sees it.
+    pub request_seconds: Family<RouteOutcome, Histogram, fn() -> Histogram>,
+    /// Reservations that took over an expired lease (re-executions).
+    pub takeovers: Family<RouteLabel, Counter>,
+    /// Completions refused by the fence: a stale worker lost its key to a takeover.
+    pub fenced_off: Family<RouteLabel, Counter>,
+    /// Leases found taken over while their worker was still running.
+    pub leases_lost: Family<RouteLabel, Counter>,
+    /// Lease renewals that failed because the store could not be reached.
+    pub renewal_errors: Counter,
+    /// Completions given up after retrying for the whole retry window.
+    pub completions_abandoned: Counter,
+    /// Store calls that failed, by operation.
+    pub store_errors: Family<OpLabel, Counter>,
+    /// Store call latency, by operation.
+    pub store_seconds: Family<OpLabel, Histogram, fn() -> Histogram>,
+    /// Upstream calls that failed, by kind.
+    pub upstream_errors: Family<KindLabel, Counter>,
+    /// Upstream call latency (whole answer), by route.
+    pub upstream_seconds: Family<RouteLabel, Histogram, fn() -> Histogram>,
+    /// Rows deleted by the retention sweep.
+    pub swept_rows: Counter,
+    /// Sweep passes that failed.
+    pub sweep_errors: Counter,
+    /// PostgreSQL pool: connections open, idle, and requests waiting for one.
+    pub pool_size: Gauge,
+    pub pool_available: Gauge,
+    pub pool_waiting: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates every metric and registers it under the `idemproxy_` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("idemproxy");
+        let m = Metrics {
+            requests: Family::default(),
+            request_seconds: Family::new_with_constructor(latency),
+            takeovers: Family::default(),
+            fenced_off: Family::default(),
+            leases_lost: Family::default(),
+            renewal_errors: Counter::default(),
+            completions_abandoned: Counter::default(),
+            store_errors: Family::default(),
+            store_seconds: Family::new_with_constructor(latency),
+            upstream_errors: Family::default(),
+            upstream_seconds: Family::new_with_constructor(latency),
+            swept_rows: Counter::default(),
+            sweep_errors: Counter::default(),
+            pool_size: Gauge::default(),
+            pool_available: Gauge::default(),
+            pool_waiting: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "requests",
+            "Requests by route and outcome",
+            m.requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Whole-request latency",
+            m.request_seconds.clone(),
+        );
+        registry.register(
+            "takeovers",
+            "Expired leases taken over (re-executions)",
+            m.takeovers.clone(),
+        );
+        registry.register(
+            "fenced_off_completions",
+            "Stale completions refused by the fence",
+            m.fenced_off.clone(),
+        );
+        registry.register(
+            "leases_lost",
+            "Leases taken over under a running worker",
+            m.leases_lost.clone(),
+        );
+        registry.register(
+            "lease_renewal_errors",
+            "Lease renewals that could not reach the store",
+            m.renewal_errors.clone(),
+        );
+        registry.register(
+            "completions_abandoned",
+            "Completions given up after the retry window",
+            m.completions_abandoned.clone(),
+        );
+        registry.register(
+            "store_errors",
+            "Failed store calls by operation",
+            m.store_errors.clone(),
+        );
+        registry.register(
+            "store_duration_seconds",
+            "Store call latency by operation",
+            m.store_seconds.clone(),
+        );
+        registry.register(
+            "upstream_errors",
+            "Failed upstream calls by kind",
+            m.upstream_errors.clone(),
+        );
+        registry.register(
+            "upstream_duration_seconds",
+            "Upstream call latency by route",
+            m.upstream_seconds.clone(),
+        );
+        registry.register(
+            "swept_rows",
+            "Rows deleted by the retention sweep",
+            m.swept_rows.clone(),
+        );
+        registry.register(
+            "sweep_errors",
+            "Retention sweep passes that failed",
+            m.sweep_errors.clone(),
+        );
+        registry.register(
+            "pool_connections",
+            "Store pool connections open",
+            m.pool_size.clone(),
+        );
+        registry.register(
+            "pool_available",
+            "Store pool connections idle",
+            m.pool_available.clone(),
+        );
+        registry.register(
+            "pool_waiting",
+            "Requests waiting for a store connection",
+            m.pool_waiting.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// Counts one request and its latency.
+    pub fn observe_request(&self, route: &str, outcome: &'static str, elapsed: Duration) {
+        let labels = RouteOutcome {
+            route: Cow::Owned(route.to_owned()),
+            outcome,
+        };
+        self.requests.get_or_create(&labels).inc();
+        self.request_seconds
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Records one store call.
+    pub fn observe_store(&self, op: &'static str, elapsed: Duration, ok: bool) {
+        let labels = OpLabel { op };
+        self.store_seconds
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+        if !ok {
+            self.store_errors.get_or_create(&labels).inc();
+        }
+    }
+
+    /// Counts a per-route event.
+    pub fn count_route(family: &Family<RouteLabel, Counter>, route: &str) {
+        family
+            .get_or_create(&RouteLabel {
+                route: Cow::Owned(route.to_owned()),
+            })
+            .inc();
+    }
+
+    /// The exposition text.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,350 @@
+//! What an operator sees and does: metrics, health, the admin API, retention.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use idemproxy::store::{KeyStore, Reservation, ReserveRequest};
+use support::*;
+
+const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpose":"order-1"}"#;
+
+/// Parses Prometheus/OpenMetrics text into (series, value), failing on any malformed line.
+fn parse_exposition(text: &str) -> Vec<(String, f64)> {
+    assert!(
+        text.ends_with("# EOF\n"),
+        "OpenMetrics text ends with # EOF"
+    );
+    let mut samples = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') || line.is_empty() {
+            assert!(
+                line.is_empty()
+                    || line.starts_with("# HELP ")
+                    || line.starts_with("# TYPE ")
+                    || line.starts_with("# UNIT ")
+                    || line == "# EOF",
+                "bad comment line: {line}"
+            );
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("no value: {line}"));
+        let name_end = series.find('{').unwrap_or(series.len());
+        let name = &series[..name_end];
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad name: {line}"
+        );
+        if name_end < series.len() {
+            assert!(series.ends_with('}'), "bad labels: {line}");
+        }
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value: {line}"));
+        samples.push((series.to_owned(), value));
+    }
+    samples
+}
+
+fn sample(samples: &[(String, f64)], series: &str) -> f64 {
+    samples
+        .iter()
+        .find(|(s, _)| s == series)
+        .map_or(0.0, |(_, v)| *v)
+}
+
+/// Counters move as the seed's scenarios run, and the text parses as exposition format.
+async fn metrics_count_outcomes(db: Backend) {
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_millis(300),
+        ..Default::default()
+    })
+    .await;
+    let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    let (a, b) = tokio::join!(
+        client.post("/payments", "shop-1", "m", BODY),
+        client.post("/payments", "shop-1", "m", BODY)
+    );
+    assert_eq!(a.status.as_u16() + b.status.as_u16(), 201 + 409);
+    client.post("/payments", "shop-1", "m", BODY).await;
+    client
+        .post("/payments", "shop-1", "m", &BODY.replace("100", "500"))
+        .await;
+    client.send("GET", "/payments", &[], "").await;
+    client
+        .send("POST", "/payments", &[("x-client-id", "shop-1")], BODY)
+        .await;
+
+    let admin = TestClient::at(proxy.admin);
+    let reply = admin.send("GET", "/metrics", &[], "").await;
+    assert_eq!(reply.status, 200);
+    assert!(
+        reply.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text")
+    );
+    let samples = parse_exposition(std::str::from_utf8(&reply.body).unwrap());
+    let count = |outcome: &str, route: &str| {
+        sample(
+            &samples,
+            &format!("idemproxy_requests_total{{route=\"{route}\",outcome=\"{outcome}\"}}"),
+        )
+    };
+    assert_eq!(count("executed", "create-payment"), 1.0);
+    assert_eq!(count("conflict", "create-payment"), 1.0);
+    assert_eq!(count("replayed", "create-payment"), 1.0);
+    assert_eq!(count("mismatch", "create-payment"), 1.0);
+    assert_eq!(count("rejected", "create-payment"), 1.0);
+    assert_eq!(count("passed_through", "-"), 1.0);
+    assert_eq!(
+        sample(
+            &samples,
+            "idemproxy_store_duration_seconds_count{op=\"reserve\"}"
+        ),
+        4.0
+    );
+    assert_eq!(
+        sample(
+            &samples,
+            "idemproxy_upstream_duration_seconds_count{route=\"create-payment\"}"
+        ),
+        1.0
+    );
+    proxy.stop().await;
+}
+
+/// Health is up; readiness follows the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_store() {
+    let db = Backend::postgres().await;
+    let (relay, url) = Relay::for_db(db.pg()).await;
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let proxy = TestProxy::spawn(
+        &PAYMENTS.replace("{store}", &pg_store_yaml(&url)),
+        &upstream,
+        &db,
+    )
+    .await;
+    let admin = TestClient::at(proxy.admin);
+    assert_eq!(admin.send("GET", "/healthz", &[], "").await.status, 200);
+    assert_eq!(admin.send("GET", "/readyz", &[], "").await.status, 200);
+    relay.cut();
+    let down = admin.send("GET", "/readyz", &[], "").await;
+    assert_eq!(down.status, 503);
+    assert!(down.is_problem());
+    assert_eq!(
+        admin.send("GET", "/healthz", &[], "").await.status,
+        200,
+        "the process is still up"
+    );
+    relay.restore();
+    let back = eventually(Duration::from_secs(10), || {
+        let admin = admin.clone();
+        async move { (admin.send("GET", "/readyz", &[], "").await.status == 200).then_some(()) }
+    })
+    .await;
+    assert!(back.is_some());
+    proxy.stop().await;
+}
+
+/// The admin API looks a key up, lists stuck keys and evicts them; an evicted key executes
+/// afresh. With a token configured, it is required.
+async fn admin_api(db: Backend) {
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let yaml = format!("admin_token: s3cret\n{PAYMENTS}");
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    let admin = TestClient::at(proxy.admin);
+    let auth = [("authorization", "Bearer s3cret")];
+
+    assert_eq!(
+        client.post("/payments", "shop/1", "k:1", BODY).await.status,
+        201
+    );
+    let denied = admin
+        .send("GET", "/admin/keys/shop%2F1/k%3A1", &[], "")
+        .await;
+    assert_eq!(denied.status, 401);
+    assert!(denied.is_problem());
+    let wrong = admin
+        .send(
+            "GET",
+            "/admin/keys/shop%2F1/k%3A1",
+            &[("authorization", "Bearer nope")],
+            "",
+        )
+        .await;
+    assert_eq!(wrong.status, 401);
+
+    let found = admin
+        .send("GET", "/admin/keys/shop%2F1/k%3A1", &auth, "")
+        .await;
+    assert_eq!(found.status, 200, "{found:?}");
+    let v = found.json();
+    assert_eq!(v["status"], "done");
+    assert_eq!(v["attempts"], 1);
+    assert_eq!(v["response_status"], 201);
+    assert_eq!(v["route"], "create-payment");
+    assert_eq!(v["fingerprint"].as_str().unwrap().len(), 64);
+    assert!(v["created_at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(
+        admin
+            .send("GET", "/admin/keys/shop%2F1/nope", &auth, "")
+            .await
+            .status,
+        404
+    );
+
+    // An abandoned reservation shows up as stuck, and evicting it frees the key.
+    let store = db.store();
+    let fp = [9u8; 32];
+    let req = ReserveRequest {
+        client_id: "shop-1",
+        key: "stuck",
+        fingerprint: &fp,
+        route: "create-payment",
+        lease: Duration::from_millis(1),
+        retention: Duration::from_secs(3600),
+    };
+    assert!(matches!(
+        store.reserve(&req).await.unwrap(),
+        Reservation::Reserved(_)
+    ));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let stuck = admin.send("GET", "/admin/stuck?limit=10", &auth, "").await;
+    assert_eq!(stuck.status, 200);
+    let keys = stuck.json()["keys"].as_array().unwrap().clone();
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[0]["key"], "stuck");
+    assert_eq!(keys[0]["lease_expired"], true);
+
+    let evicted = admin
+        .send("DELETE", "/admin/keys/shop-1/stuck", &auth, "")
+        .await;
+    assert_eq!(evicted.status, 200);
+    assert_eq!(
+        admin
+            .send("DELETE", "/admin/keys/shop-1/stuck", &auth, "")
+            .await
+            .status,
+        404
+    );
+    let fresh = client.post("/payments", "shop-1", "stuck", BODY).await;
+    assert_eq!(
+        fresh.status, 201,
+        "a different body is fine after eviction: {fresh:?}"
+    );
+    assert!(!fresh.replayed());
+    assert_eq!(
+        admin.send("GET", "/healthz", &[], "").await.status,
+        200,
+        "health needs no token"
+    );
+    proxy.stop().await;
+}
+
+/// `idemproxy sweep` deletes expired keys and keeps the rest.
+async fn sweep_command(db: Backend) {
+    let store = db.store();
+    for (key, retention) in [
+        ("old", Duration::from_millis(1)),
+        ("new", Duration::from_secs(3600)),
+    ] {
+        let fp = [3u8; 32];
+        let req = ReserveRequest {
+            client_id: "c",
+            key,
+            fingerprint: &fp,
+            route: "r",
+            lease: Duration::from_millis(1),
+            retention,
+        };
+        assert!(matches!(
+            store.reserve(&req).await.unwrap(),
+            Reservation::Reserved(_)
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let dir = std::env::temp_dir().join(format!(
+        "idemproxy-sweep-{}-{}",
+        std::process::id(),
+        db.rows().await
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("sweep.yaml");
+    std::fs::write(&config, db.store_yaml()).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .args(["sweep", "--config"])
+        .arg(&config)
+        .env_remove("DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "deleted 1 expired keys"
+    );
+    assert!(db.lookup("c", "old").await.is_none());
+    assert!(db.lookup("c", "new").await.is_some());
+}
+
+/// The background sweep removes completed keys once their retention has passed.
+async fn background_sweep(db: Backend) {
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let yaml = format!(
+        "sweep:\n  interval: 200ms\n{}",
+        PAYMENTS.replace("  lease: 30s\n", "  lease: 3s\n  retention: 4s\n")
+    );
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let _sweeper = tokio::spawn(idemproxy::sweep::run(
+        db.store(),
+        Duration::from_millis(200),
+        100,
+        std::sync::Arc::clone(&proxy.metrics),
+    ));
+    let client = TestClient::new(&proxy);
+    assert_eq!(
+        client
+            .post("/payments", "shop-1", "short-lived", BODY)
+            .await
+            .status,
+        201
+    );
+    assert!(db.lookup("shop-1", "short-lived").await.is_some());
+    let gone = eventually(Duration::from_secs(15), || async {
+        db.lookup("shop-1", "short-lived")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "swept after its retention");
+    assert!(
+        proxy
+            .metrics
+            .render()
+            .contains("idemproxy_swept_rows_total 1")
+    );
+    proxy.stop().await;
+}
+
+on_both_stores!(
+    metrics_count_outcomes,
+    admin_api,
+    sweep_command,
+    background_sweep
+);
