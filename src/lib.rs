@@ -16,10 +16,12 @@
 //! - [`server`]: accept loop and graceful drain; [`shutdown`]: the stop signal.
 //! - [`admin`]: health, readiness, metrics and the key admin API on the admin listener.
 //! - [`metrics`]: the Prometheus registry; [`sweep`]: retention.
+//! - [`demo`]: the seed article's story, runnable (`idemproxy demo`, `idemproxy demo-provider`).
 
 pub mod admin;
 pub mod canonical;
 pub mod config;
+pub mod demo;
 pub mod fingerprint;
 pub mod metrics;
 pub mod problem;

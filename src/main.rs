@@ -55,6 +55,19 @@ enum Command {
     CheckConfig,
     /// Run one retention pass (delete expired keys) and exit.
     Sweep,
+    /// Play the seed article's scenarios against the demo provider and print them.
+    Demo,
+    /// GET a URL and exit 0 on a 2xx answer: a health check for images without a shell.
+    Probe {
+        /// e.g. http://127.0.0.1:9090/readyz
+        url: String,
+    },
+    /// Run the demo payment provider (300 ms charges, deduplicating by key).
+    DemoProvider {
+        /// Address to listen on.
+        #[arg(long = "provider-listen", default_value = "127.0.0.1:3000")]
+        provider_listen: String,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -129,8 +142,38 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("deleted {deleted} expired keys");
             Ok(())
         }
+        Command::Demo => idemproxy::demo::script::run().await,
+        Command::Probe { url } => probe(&url).await,
+        Command::DemoProvider { provider_listen } => {
+            let listener = TcpListener::bind(&provider_listen)
+                .await
+                .with_context(|| format!("binding {provider_listen}"))?;
+            tracing::info!(listen = %provider_listen, "demo provider listening");
+            tokio::select! {
+                () = idemproxy::demo::provider::run(listener) => {}
+                () = idemproxy::shutdown::signal() => {}
+            }
+            Ok(())
+        }
         Command::Serve => serve(Arc::new(config::load(path, &overrides)?), common.migrate).await,
     }
+}
+
+async fn probe(url: &str) -> anyhow::Result<()> {
+    use http_body_util::Empty;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Empty<bytes::Bytes>>();
+    let uri: http::Uri = url
+        .parse()
+        .with_context(|| format!("`{url}` is not a URL"))?;
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(5), client.get(uri))
+        .await
+        .context("timed out")?
+        .with_context(|| format!("GET {url}"))?;
+    if !resp.status().is_success() {
+        bail!("GET {url}: {}", resp.status());
+    }
+    Ok(())
 }
 
 fn postgres_store(store: &StoreConfig) -> anyhow::Result<PgStore> {

@@ -44,6 +44,7 @@ where
     };
     // Logs carry a short hash of (client, key), never either in clear.
     let tag = hex(&Sha256::digest(derived_key(&job.client_id, &job.key).as_bytes())[..6]);
+    let client = hex(&Sha256::digest(job.client_id.as_bytes())[..4]);
     let (tx, rx) = oneshot::channel();
     shared.tasks.spawn(run(Arc::clone(shared), job, tx));
     let (outcome, result) = match rx.await {
@@ -52,6 +53,7 @@ where
     };
     tracing::info!(
         route = %route.name,
+        client = %client,
         key = %tag,
         outcome = outcome.as_str(),
         elapsed_ms = started.elapsed().as_millis() as u64,

@@ -39,6 +39,15 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn new() -> Self {
+        let db = Self::empty().await;
+        let store = db.store();
+        let mut obj = store.pool().get().await.unwrap();
+        migrate(&mut obj).await.unwrap();
+        db
+    }
+
+    /// A fresh schema without the migrations applied.
+    pub async fn empty() -> Self {
         let admin = admin_url();
         let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
             .await
@@ -75,11 +84,7 @@ impl TestDb {
             .await
             .unwrap();
         let url = with_search_path(&admin, &schema);
-        let db = TestDb { url, schema };
-        let store = db.store();
-        let mut obj = store.pool().get().await.unwrap();
-        migrate(&mut obj).await.unwrap();
-        db
+        TestDb { url, schema }
     }
 
     /// A store on this schema.

@@ -1,0 +1,132 @@
+//! The demo tells the seed's story, and its charge counts are the article's.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use support::*;
+
+/// `idemproxy demo` runs end to end (a real proxy process, SIGKILL included) and prints the
+/// article's outcomes: one charge per client for the concurrent pair, the replay, 422 for
+/// another amount, and one charge for the interrupted payment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_plays_the_seed() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .arg("demo")
+        .env_remove("DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for expected in [
+        "(409, \"Request in progress\")",
+        "retry after:                    (201, {\"amount\":100,\"charge_id\":1})  [Idempotent-Replayed]",
+        "another amount:                 (422, \"Idempotency key already used\")",
+        "the same key, another client:   (201, {\"amount\":100,\"charge_id\":2})",
+        "charges: 2\n",
+        "retry at once:                  (409, \"Request in progress\")",
+        "retry after the lease:          (201, {\"amount\":100,\"charge_id\":3})",
+        "charges: 3 ",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+}
+
+/// Every example configuration in `config/` is valid (`idemproxy check-config`).
+#[test]
+fn example_configs_are_valid() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+                .arg("check-config")
+                .arg("--config")
+                .arg(&path)
+                .env(
+                    "DATABASE_URL",
+                    "postgres://postgres@127.0.0.1:5432/idemproxy",
+                )
+                .env("IDEMPROXY_ADMIN_TOKEN", "example")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(String::from_utf8_lossy(&out.stdout).contains("routes:"));
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3, "expected the three example configurations");
+}
+
+/// What docker-compose.yml runs works without Docker: `migrate` on an empty database
+/// (twice: it is idempotent), the demo provider, and `probe` as the health check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compose_commands_work() {
+    let db = TestDb::empty().await;
+    for _ in 0..2 {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            .arg("migrate")
+            .env("DATABASE_URL", &db.url)
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let tables: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM idempotency_keys", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 0);
+
+    let port = free_port();
+    let _provider = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .args([
+            "demo-provider",
+            "--provider-listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .kill_on_drop(true)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let probe = |url: String| async move {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            .args(["probe", &url])
+            .output()
+            .await
+            .unwrap()
+            .status
+            .success()
+    };
+    let healthy = eventually(std::time::Duration::from_secs(10), || {
+        let url = format!("http://127.0.0.1:{port}/charges");
+        async move { probe(url).await.then_some(()) }
+    })
+    .await;
+    assert!(healthy.is_some(), "the provider answers the health check");
+    assert!(
+        !probe(format!("http://127.0.0.1:{}/charges", free_port())).await,
+        "a closed port is unhealthy"
+    );
+}
