@@ -67,6 +67,9 @@ enum Command {
         /// Address to listen on.
         #[arg(long = "provider-listen", default_value = "127.0.0.1:3000")]
         provider_listen: String,
+        /// How long a charge takes.
+        #[arg(long, default_value = "300ms", value_parser = config::units::parse_duration)]
+        charge_time: std::time::Duration,
     },
 }
 
@@ -144,13 +147,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Demo => idemproxy::demo::script::run().await,
         Command::Probe { url } => probe(&url).await,
-        Command::DemoProvider { provider_listen } => {
+        Command::DemoProvider {
+            provider_listen,
+            charge_time,
+        } => {
             let listener = TcpListener::bind(&provider_listen)
                 .await
                 .with_context(|| format!("binding {provider_listen}"))?;
             tracing::info!(listen = %provider_listen, "demo provider listening");
             tokio::select! {
-                () = idemproxy::demo::provider::run(listener) => {}
+                () = idemproxy::demo::provider::run(listener, charge_time) => {}
                 () = idemproxy::shutdown::signal() => {}
             }
             Ok(())

@@ -31,6 +31,8 @@ pub const CHARGE_TIME: Duration = Duration::from_millis(300);
 
 #[derive(Default)]
 struct State {
+    /// How long a charge takes.
+    charge_time: Duration,
     charges: AtomicU64,
     /// Charge answers by idempotency key.
     by_key: Mutex<HashMap<String, String>>,
@@ -38,9 +40,13 @@ struct State {
     mode: Mutex<String>,
 }
 
-/// Serves the provider on `listener` forever.
-pub async fn run(listener: TcpListener) {
-    let state = Arc::new(State::default());
+/// Serves the provider on `listener` forever; each charge takes `charge_time` (the seed's
+/// is [`CHARGE_TIME`]; the benchmark uses zero to measure the proxy, not the provider).
+pub async fn run(listener: TcpListener, charge_time: Duration) {
+    let state = Arc::new(State {
+        charge_time,
+        ..State::default()
+    });
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
@@ -147,9 +153,15 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<ProxyBody> {
                     }
                 }
             };
-            tokio::time::sleep(CHARGE_TIME).await;
+            sleep(state.charge_time).await;
             json(StatusCode::CREATED, charge)
         }
         _ => json(StatusCode::NOT_FOUND, r#"{"error":"not found"}"#.into()),
+    }
+}
+
+async fn sleep(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
     }
 }

@@ -141,7 +141,7 @@ impl Demo {
 pub async fn run() -> anyhow::Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let provider_addr = listener.local_addr()?;
-    tokio::spawn(provider::run(listener));
+    tokio::spawn(provider::run(listener, provider::CHARGE_TIME));
     let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis();
     let dir = std::env::temp_dir().join(format!("idemproxy-demo-{}-{stamp}", std::process::id()));
     std::fs::create_dir_all(&dir)?;

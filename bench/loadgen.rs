@@ -1,0 +1,232 @@
+//! A small HTTP load generator for idemproxy's benchmark.
+//!
+//! Why not oha or wrk: every request needs its own `Idempotency-Key` (or one from a pool,
+//! for replays), and latency must be measured from the *intended* send time in open-loop
+//! mode, or a slow server hides its queueing (coordinated omission).
+//!
+//! - closed loop (`--concurrency C`): C workers, each sending as soon as the last answer
+//!   came back — the maximum throughput;
+//! - open loop (`--rate R`): requests scheduled at a constant rate whatever the server
+//!   does; latency counted from each request's scheduled time.
+//!
+//! Prints one JSON line: requests, errors, throughput and latency percentiles.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::Parser;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::time::Instant;
+
+#[derive(Parser, Clone)]
+struct Args {
+    /// Target URL.
+    #[arg(long)]
+    url: String,
+    #[arg(long, default_value = "POST")]
+    method: String,
+    #[arg(
+        long,
+        default_value = r#"{"amount":100,"currency":"RUB","recipient":"shop","purpose":"order"}"#
+    )]
+    body: String,
+    /// `none`, `unique` (a new key per request) or `pool` (keys from a pool of --key-pool).
+    #[arg(long, default_value = "unique")]
+    keys: String,
+    #[arg(long, default_value_t = 1000)]
+    key_pool: u64,
+    /// Prefix that keeps keys of different runs apart.
+    #[arg(long, default_value = "k")]
+    key_prefix: String,
+    #[arg(long, default_value = "bench")]
+    client_id: String,
+    /// Closed loop with this many workers.
+    #[arg(long)]
+    concurrency: Option<usize>,
+    /// Open loop at this many requests per second.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Open loop: most requests in flight at once.
+    #[arg(long, default_value_t = 512)]
+    max_in_flight: usize,
+    /// Seconds to measure.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Seconds to run before measuring.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    #[arg(long, default_value = "run")]
+    label: String,
+}
+
+#[derive(Default)]
+struct Stats {
+    hist: Option<Histogram<u64>>,
+    statuses: BTreeMap<u16, u64>,
+    errors: u64,
+    replayed: u64,
+}
+
+struct Shared {
+    args: Args,
+    client: Client<HttpConnector, Full<Bytes>>,
+    next: AtomicU64,
+    stats: Mutex<Stats>,
+    measure_from: Instant,
+    measure_until: Instant,
+}
+
+impl Shared {
+    fn key(&self) -> Option<String> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        match self.args.keys.as_str() {
+            "none" => None,
+            "pool" => Some(format!(
+                "{}-{}",
+                self.args.key_prefix,
+                n % self.args.key_pool.max(1)
+            )),
+            _ => Some(format!("{}-{n}", self.args.key_prefix)),
+        }
+    }
+
+    async fn one(&self, intended: Instant) {
+        let mut req = http::Request::builder()
+            .method(self.args.method.as_str())
+            .uri(&self.args.url)
+            .header("content-type", "application/json")
+            .header("x-client-id", &self.args.client_id);
+        if let Some(key) = self.key() {
+            req = req.header("idempotency-key", key);
+        }
+        let body = if self.args.method == "GET" {
+            Bytes::new()
+        } else {
+            Bytes::from(self.args.body.clone())
+        };
+        let req = req.body(Full::new(body)).unwrap();
+        let result = self.client.request(req).await;
+        let outcome = match result {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let replayed = resp.headers().contains_key("idempotent-replayed");
+                match resp.into_body().collect().await {
+                    Ok(_) => Ok((status, replayed)),
+                    Err(_) => Err(()),
+                }
+            }
+            Err(_) => Err(()),
+        };
+        let done = Instant::now();
+        if intended < self.measure_from || intended >= self.measure_until {
+            return;
+        }
+        let mut stats = self.stats.lock().unwrap();
+        match outcome {
+            Ok((status, replayed)) => {
+                *stats.statuses.entry(status).or_default() += 1;
+                stats.replayed += u64::from(replayed);
+                let micros = done.duration_since(intended).as_micros() as u64;
+                let _ = stats.hist.as_mut().unwrap().record(micros.max(1));
+            }
+            Err(()) => stats.errors += 1,
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let pool = args.concurrency.unwrap_or(args.max_in_flight);
+    let client = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(pool)
+        .build(connector);
+    let start = Instant::now();
+    let measure_from = start + Duration::from_secs_f64(args.warmup);
+    let measure_until = measure_from + Duration::from_secs_f64(args.duration);
+    let shared = Arc::new(Shared {
+        args: args.clone(),
+        client,
+        next: AtomicU64::new(0),
+        stats: Mutex::new(Stats {
+            hist: Some(Histogram::new_with_bounds(1, 60_000_000, 3).unwrap()),
+            ..Default::default()
+        }),
+        measure_from,
+        measure_until,
+    });
+
+    if let Some(rate) = args.rate {
+        let permits = Arc::new(tokio::sync::Semaphore::new(args.max_in_flight));
+        let interval = Duration::from_secs_f64(1.0 / rate);
+        let mut i: u32 = 0;
+        let mut tasks = tokio::task::JoinSet::new();
+        loop {
+            let intended = start + interval * i;
+            if intended >= measure_until {
+                break;
+            }
+            tokio::time::sleep_until(intended).await;
+            // Waiting for a permit delays the send, and that delay counts as latency.
+            let permit = Arc::clone(&permits).acquire_owned().await.unwrap();
+            let shared = Arc::clone(&shared);
+            tasks.spawn(async move {
+                shared.one(intended).await;
+                drop(permit);
+            });
+            while tasks.try_join_next().is_some() {}
+            i += 1;
+        }
+        while tasks.join_next().await.is_some() {}
+    } else {
+        let workers = args.concurrency.unwrap_or(16);
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..workers {
+            let shared = Arc::clone(&shared);
+            tasks.spawn(async move {
+                loop {
+                    let now = Instant::now();
+                    if now >= shared.measure_until {
+                        break;
+                    }
+                    shared.one(now).await;
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
+    let stats = shared.stats.lock().unwrap();
+    let hist = stats.hist.as_ref().unwrap();
+    let ok = hist.len();
+    let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    let statuses: BTreeMap<String, u64> = stats
+        .statuses
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v))
+        .collect();
+    let report = serde_json::json!({
+        "label": args.label,
+        "mode": if args.rate.is_some() { "open" } else { "closed" },
+        "requests": ok,
+        "errors": stats.errors,
+        "replayed": stats.replayed,
+        "rps": ok as f64 / args.duration,
+        "p50_ms": ms(0.5),
+        "p99_ms": ms(0.99),
+        "p999_ms": ms(0.999),
+        "statuses": statuses,
+    });
+    println!("{report}");
+}
