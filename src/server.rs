@@ -18,6 +18,10 @@ use tokio::net::TcpListener;
 use crate::proxy::Proxy;
 use crate::store::KeyStore;
 
+/// The largest per-connection read buffer, which bounds a request head (larger gets 431)
+/// and keeps a thousand idle keep-alive connections from holding large buffers.
+const MAX_BUF_SIZE: usize = 64 * 1024;
+
 /// How long a client may take to send a request's headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -33,7 +37,8 @@ pub async fn run<S: KeyStore>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_BUF_SIZE);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {

@@ -231,7 +231,14 @@ fn build_upstream(p: &mut Problems, file: &FileConfig) -> Option<UpstreamConfig>
     if timeout.is_zero() {
         p.push("upstream.timeout", "must be more than 0s");
     }
+    let max_connections = up
+        .and_then(|u| u.max_connections)
+        .unwrap_or(DEFAULT_UPSTREAM_MAX_CONNECTIONS);
+    if max_connections == 0 {
+        p.push("upstream.max_connections", "must be at least 1");
+    }
     Some(UpstreamConfig {
+        max_connections,
         origin,
         base_path: uri.path().trim_end_matches('/').to_owned(),
         connect_timeout,
@@ -401,7 +408,7 @@ fn build_routes(
         let policy = merge_policy(p, &at, Some(base), &own, store_timeout);
         if let (Some(pattern), Some(policy)) = (pattern, policy) {
             out.push(Route {
-                name,
+                name: name.into(),
                 methods,
                 pattern,
                 policy,

@@ -38,6 +38,7 @@ pub struct FileUpstream {
     pub url: Option<String>,
     pub connect_timeout: Option<HumanDuration>,
     pub timeout: Option<HumanDuration>,
+    pub max_connections: Option<usize>,
 }
 
 /// `store:` — exactly one of the two backends.

@@ -21,6 +21,8 @@ pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the upstream may take to answer, body included.
 pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(20);
+/// Most requests in flight to the upstream at once.
+pub const DEFAULT_UPSTREAM_MAX_CONNECTIONS: usize = 256;
 /// Connections in the PostgreSQL pool.
 pub const DEFAULT_POOL_SIZE: usize = 16;
 /// How long one store call (pool wait + statement) may take before the store counts as down.
@@ -73,6 +75,8 @@ pub struct UpstreamConfig {
     pub base_path: String,
     pub connect_timeout: Duration,
     pub timeout: Duration,
+    /// Most requests in flight to the upstream at once (and so its open connections).
+    pub max_connections: usize,
 }
 
 /// Which store backs the key table.
@@ -140,7 +144,8 @@ pub enum OnConflict {
 /// A protected route.
 #[derive(Debug, Clone)]
 pub struct Route {
-    pub name: String,
+    /// Shared, because every request's metrics carry it as a label.
+    pub name: std::sync::Arc<str>,
     pub methods: Vec<Method>,
     pub pattern: PathPattern,
     pub policy: Policy,
@@ -212,6 +217,7 @@ impl fmt::Display for Config {
             format_duration(self.upstream.connect_timeout)
         )?;
         writeln!(f, "  timeout: {}", format_duration(self.upstream.timeout))?;
+        writeln!(f, "  max_connections: {}", self.upstream.max_connections)?;
         writeln!(f, "store:")?;
         match &self.store {
             StoreConfig::Postgres(pg) => {

@@ -14,25 +14,23 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Response, StatusCode, request, response};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep, sleep_until, timeout_at};
 
 use super::body::{BoxError, Prefixed, ProxyBody, boxed, empty, full};
-use super::forward::ForwardError;
+use super::forward::{ForwardError, UpstreamBody};
 use super::headers::{decode_stored, encode_stored, strip_hop_by_hop};
 use super::key::derived_key;
 use super::observe::Observed;
 use super::service::{Shared, drop_length, error_chain};
 use crate::config::{OnConflict, Policy, RecoveryProbe, Route};
 use crate::fingerprint::Fingerprint;
-use crate::metrics::{KindLabel, Metrics, RouteLabel};
+use crate::metrics::{KindLabel, Metrics, RouteLabel, RouteName};
 use crate::problem::ProxyError;
 use crate::store::{
     Completion, Fence, Fenced, KeyStore, Reservation, ReserveRequest, StoreError, StoredResponse,
     key_id,
 };
-use std::borrow::Cow;
 
 /// How long to keep retrying a completion the store refused to take (store unreachable).
 const COMPLETION_RETRY_WINDOW: Duration = Duration::from_secs(300);
@@ -97,7 +95,7 @@ enum Upstream {
     TooLarge {
         head: response::Parts,
         prefix: Bytes,
-        rest: Incoming,
+        rest: UpstreamBody,
     },
     /// Nothing reached the upstream.
     NotSent(BoxError),
@@ -112,12 +110,6 @@ pub(crate) async fn run<S: KeyStore>(
     tx: oneshot::Sender<Answer>,
 ) {
     let route = Arc::clone(&job.route);
-    let policy = &route.policy;
-    let store = Observed {
-        store: &shared.store,
-        metrics: &shared.metrics,
-        route: &route.name,
-    };
     let lease = match reserve(&shared, &job).await {
         Ok(Reservation::Reserved(lease)) => lease,
         Ok(Reservation::Done(stored)) => return answer(tx, Outcome::Replayed, Ok(replay(stored))),
@@ -142,126 +134,133 @@ pub(crate) async fn run<S: KeyStore>(
             );
         }
     };
-    if lease.takeover {
-        Metrics::count_route(&shared.metrics.takeovers, &route.name);
-        tracing::warn!(
-            route = %job.route.name,
-            attempt = lease.attempts,
-            "took over an expired lease; re-executing with the same derived key"
-        );
-    }
-
-    let derived = derived_key(&job.client_id, &job.key);
-    let derived_value = HeaderValue::from_str(&derived).ok();
-    let fence = Fence {
-        client_id: job.client_id,
-        key: job.key,
-        token: lease.token,
-        notify: matches!(policy.on_conflict, OnConflict::Wait(_)),
-    };
-    let mut parts = job.parts;
-    parts.headers.remove(&policy.key_header);
-    if let Some(value) = &derived_value {
-        parts
-            .headers
-            .insert(policy.upstream_key_header.clone(), value.clone());
-    }
-    let request = shared
-        .forwarder
-        .upstream_request(parts, full(job.body), job.peer);
-    // Only a re-execution asks the probe: the first attempt may have happened.
-    let probe = policy.recovery_probe.as_ref().filter(|_| lease.takeover);
-
-    let upstream = {
-        let work = async {
-            if let Some(probe) = probe {
-                let verdict =
-                    ask_probe(&shared, probe, &derived, derived_value, policy, job.peer).await;
-                match verdict {
-                    Probe::Found(answer) => {
-                        tracing::warn!(route = %job.route.name, "recovery probe found the operation; storing its answer instead of executing again");
-                        return answer;
-                    }
-                    Probe::NotFound => {}
-                    Probe::Inconclusive(err) => return Upstream::Unknown(err),
-                }
-            }
-            call_upstream(&shared, &route.name, request, policy.max_stored_response).await
-        };
-        tokio::pin!(work);
-        tokio::select! {
-            biased;
-            result = &mut work => result,
-            never = keep_lease(&store, &fence, policy.lease) => match never {},
-        }
-    };
-
-    match upstream {
-        Upstream::NotSent(cause) => {
-            // Nothing was sent, so nothing happened: free the key for the next attempt.
-            if let Err(e) = store.release(&fence).await {
-                tracing::warn!(cause = %e, "could not release the key; it frees up when its lease runs out");
-            }
-            answer(
-                tx,
-                Outcome::UpstreamError,
-                Err(ProxyError::UpstreamUnreachable(cause)),
+    // The execution stage is boxed: the many duplicates that only wait on a reservation
+    // (or get 409) then cost a small future each, not the whole state machine.
+    Box::pin(async move {
+        let policy = &route.policy;
+        let store = Observed { store: &shared.store, metrics: &shared.metrics, route: &route.name };
+        if lease.takeover {
+            Metrics::count_route(&shared.metrics.takeovers, &route.name);
+            tracing::warn!(
+                route = %job.route.name,
+                attempt = lease.attempts,
+                "took over an expired lease; re-executing with the same derived key"
             );
         }
-        Upstream::Unknown(err) => {
-            // The upstream may have acted: keep the key in progress (renewal has stopped, so
-            // the lease runs out) and let a later retry re-execute with the same derived key.
-            tracing::warn!(cause = %error_chain(&err), "upstream outcome unknown; the key stays in progress until its lease runs out");
-            answer(tx, Outcome::UpstreamError, Err(err));
+
+        let derived = derived_key(&job.client_id, &job.key);
+        let derived_value = HeaderValue::from_str(&derived).ok();
+        let fence = Fence {
+            client_id: job.client_id,
+            key: job.key,
+            token: lease.token,
+            notify: matches!(policy.on_conflict, OnConflict::Wait(_)),
+        };
+        let mut parts = job.parts;
+        parts.headers.remove(&policy.key_header);
+        if let Some(value) = &derived_value {
+            parts
+                .headers
+                .insert(policy.upstream_key_header.clone(), value.clone());
         }
-        Upstream::Answered { mut head, body } => {
-            strip_hop_by_hop(&mut head.headers);
-            drop_length(&mut head.headers);
-            head.version = http::Version::default();
-            let status = head.status.as_u16();
-            if policy.release_on.contains(&status) {
+        let request = shared
+            .forwarder
+            .upstream_request(parts, full(job.body), job.peer);
+        // Only a re-execution asks the probe: the first attempt may have happened.
+        let probe = policy.recovery_probe.as_ref().filter(|_| lease.takeover);
+
+        let upstream = {
+            let work = async {
+                if let Some(probe) = probe {
+                    let verdict =
+                        ask_probe(&shared, probe, &derived, derived_value, policy, job.peer).await;
+                    match verdict {
+                        Probe::Found(answer) => {
+                            tracing::warn!(route = %job.route.name, "recovery probe found the operation; storing its answer instead of executing again");
+                            return answer;
+                        }
+                        Probe::NotFound => {}
+                        Probe::Inconclusive(err) => return Upstream::Unknown(err),
+                    }
+                }
+                call_upstream(&shared, &route.name, request, policy.max_stored_response).await
+            };
+            tokio::pin!(work);
+            tokio::select! {
+                biased;
+                result = &mut work => result,
+                never = keep_lease(&store, &fence, policy.lease) => match never {},
+            }
+        };
+
+        match upstream {
+            Upstream::NotSent(cause) => {
+                // Nothing was sent, so nothing happened: free the key for the next attempt.
                 if let Err(e) = store.release(&fence).await {
                     tracing::warn!(cause = %e, "could not release the key; it frees up when its lease runs out");
                 }
-                return answer(
+                answer(
                     tx,
-                    Outcome::Released,
-                    Ok(Response::from_parts(head, full(body))),
+                    Outcome::UpstreamError,
+                    Err(ProxyError::UpstreamUnreachable(cause)),
                 );
             }
-            let completion = Completion::Stored(StoredResponse {
-                status,
-                headers: encode_stored(&head.headers, &policy.store_headers),
-                body: body.clone(),
-            });
-            let first = store.complete(&fence, &completion).await;
-            answer(
-                tx,
-                Outcome::Executed,
-                Ok(Response::from_parts(head, full(body))),
-            );
-            settle(&store, &fence, &completion, first).await;
+            Upstream::Unknown(err) => {
+                // The upstream may have acted: keep the key in progress (renewal has stopped, so
+                // the lease runs out) and let a later retry re-execute with the same derived key.
+                tracing::warn!(cause = %error_chain(&err), "upstream outcome unknown; the key stays in progress until its lease runs out");
+                answer(tx, Outcome::UpstreamError, Err(err));
+            }
+            Upstream::Answered { mut head, body } => {
+                strip_hop_by_hop(&mut head.headers);
+                drop_length(&mut head.headers);
+                head.version = http::Version::default();
+                let status = head.status.as_u16();
+                if policy.release_on.contains(&status) {
+                    if let Err(e) = store.release(&fence).await {
+                        tracing::warn!(cause = %e, "could not release the key; it frees up when its lease runs out");
+                    }
+                    return answer(
+                        tx,
+                        Outcome::Released,
+                        Ok(Response::from_parts(head, full(body))),
+                    );
+                }
+                let completion = Completion::Stored(StoredResponse {
+                    status,
+                    headers: encode_stored(&head.headers, &policy.store_headers),
+                    body: body.clone(),
+                });
+                let first = store.complete(&fence, &completion).await;
+                answer(
+                    tx,
+                    Outcome::Executed,
+                    Ok(Response::from_parts(head, full(body))),
+                );
+                settle(&store, &fence, &completion, first).await;
+            }
+            Upstream::TooLarge {
+                mut head,
+                prefix,
+                rest,
+            } => {
+                strip_hop_by_hop(&mut head.headers);
+                head.version = http::Version::default();
+                let completion = Completion::NotReplayable {
+                    status: head.status.as_u16(),
+                };
+                let first = store.complete(&fence, &completion).await;
+                let body = boxed(Prefixed::new(prefix, rest));
+                answer(
+                    tx,
+                    Outcome::NotReplayable,
+                    Ok(Response::from_parts(head, body)),
+                );
+                settle(&store, &fence, &completion, first).await;
+            }
         }
-        Upstream::TooLarge {
-            mut head,
-            prefix,
-            rest,
-        } => {
-            strip_hop_by_hop(&mut head.headers);
-            head.version = http::Version::default();
-            let completion = Completion::NotReplayable {
-                status: head.status.as_u16(),
-            };
-            let first = store.complete(&fence, &completion).await;
-            let body = boxed(Prefixed::new(prefix, rest));
-            answer(
-                tx,
-                Outcome::NotReplayable,
-                Ok(Response::from_parts(head, body)),
-            );
-            settle(&store, &fence, &completion, first).await;
-        }
-    }
+    })
+    .await;
 }
 
 /// Reserves the key; on a wait-mode route, a duplicate of a request in flight waits for it
@@ -343,7 +342,7 @@ async fn ask_probe<S>(
     let request = shared.forwarder.upstream_request(parts, empty(), peer);
     let answer = call_upstream(
         shared,
-        "recovery-probe",
+        &Arc::from("recovery-probe"),
         request,
         policy.max_stored_response,
     )
@@ -414,7 +413,7 @@ fn replay(stored: StoredResponse) -> Response<ProxyBody> {
 /// counted per route.
 async fn call_upstream<S>(
     shared: &Shared<S>,
-    route: &str,
+    route: &Arc<str>,
     request: http::Request<ProxyBody>,
     max_stored: u64,
 ) -> Upstream {
@@ -424,7 +423,7 @@ async fn call_upstream<S>(
     metrics
         .upstream_seconds
         .get_or_create(&RouteLabel {
-            route: Cow::Owned(route.to_owned()),
+            route: RouteName(Arc::clone(route)),
         })
         .observe(started.elapsed().as_secs_f64());
     let kind = match &result {

@@ -5,6 +5,11 @@
 //! the upstream may have acted (the key must stay in progress).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body::Body;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Response, Uri, header, request};
@@ -34,6 +39,35 @@ pub struct Forwarder {
     /// Pooled keep-alive client; cloning shares the pool.
     client: Client<HttpConnector, ProxyBody>,
     upstream: UpstreamConfig,
+    /// Bounds the requests in flight to the upstream (and so its connections): past it,
+    /// requests queue here, within their timeout, instead of opening more sockets.
+    permits: Arc<Semaphore>,
+}
+
+/// An upstream answer's body, holding its connection's permit until it is dropped.
+pub struct UpstreamBody {
+    inner: Incoming,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 impl Forwarder {
@@ -44,8 +78,14 @@ impl Forwarder {
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(30))
+            .pool_max_idle_per_host(upstream.max_connections)
             .build(connector);
-        Self { client, upstream }
+        let permits = Arc::new(Semaphore::new(upstream.max_connections));
+        Self {
+            client,
+            upstream,
+            permits,
+        }
     }
 
     /// The upstream settings (timeouts).
@@ -76,24 +116,41 @@ impl Forwarder {
     }
 
     fn upstream_uri(&self, uri: &Uri) -> Uri {
-        let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
-        let joined = format!("{}{pq}", self.upstream.base_path);
         let mut parts = self.upstream.origin.clone().into_parts();
-        parts.path_and_query = joined
-            .parse()
-            .ok()
-            .or_else(|| Some(PathAndQuery::from_static("/")));
+        parts.path_and_query = if self.upstream.base_path.is_empty() {
+            // The common case: no prefix, so the request's own path is reused as it is.
+            Some(
+                uri.path_and_query()
+                    .cloned()
+                    .unwrap_or_else(|| PathAndQuery::from_static("/")),
+            )
+        } else {
+            let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
+            format!("{}{pq}", self.upstream.base_path).parse().ok()
+        };
         Uri::from_parts(parts).unwrap_or_else(|_| self.upstream.origin.clone())
     }
 
     /// Sends the request and returns the answer's head; the body streams afterwards.
-    pub async fn send(&self, req: Request<ProxyBody>) -> Result<Response<Incoming>, ForwardError> {
-        self.client.request(req).await.map_err(|e| {
+    pub async fn send(
+        &self,
+        req: Request<ProxyBody>,
+    ) -> Result<Response<UpstreamBody>, ForwardError> {
+        let Ok(permit) = Arc::clone(&self.permits).acquire_owned().await else {
+            return Err(ForwardError::NotSent(
+                "upstream connection limiter closed".into(),
+            ));
+        };
+        let resp = self.client.request(req).await.map_err(|e| {
             if e.is_connect() {
                 ForwardError::NotSent(Box::new(e))
             } else {
                 ForwardError::Failed(Box::new(e))
             }
-        })
+        })?;
+        Ok(resp.map(|inner| UpstreamBody {
+            inner,
+            _permit: permit,
+        }))
     }
 }

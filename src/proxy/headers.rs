@@ -10,6 +10,13 @@ use crate::config::HOP_BY_HOP;
 
 /// Removes hop-by-hop headers, including any named in `Connection` (RFC 9110 §7.6.1).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass to see whether there is anything to do: most messages carry none.
+    if !headers
+        .keys()
+        .any(|name| HOP_BY_HOP.contains(&name.as_str()))
+    {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()

@@ -9,7 +9,7 @@ mod observe;
 mod protect;
 mod service;
 
-pub use forward::{ForwardError, Forwarder};
+pub use forward::{ForwardError, Forwarder, UpstreamBody};
 pub use headers::{decode_stored, encode_stored};
 pub use key::{derived_key, hex, is_visible_ascii, parse_key};
 pub use service::Proxy;

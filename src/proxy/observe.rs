@@ -1,6 +1,7 @@
 //! The store as the request path uses it: every call timed and its failures counted, so
 //! that `execute` reads as the state machine it is rather than as bookkeeping.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::metrics::Metrics;
@@ -10,7 +11,7 @@ use crate::store::{Completion, Fence, Fenced, KeyStore, Reservation, ReserveRequ
 pub(crate) struct Observed<'a, S> {
     pub store: &'a S,
     pub metrics: &'a Metrics,
-    pub route: &'a str,
+    pub route: &'a Arc<str>,
 }
 
 impl<S: KeyStore> Observed<'_, S> {

@@ -30,6 +30,8 @@ pub(crate) struct Shared<S> {
     pub forwarder: Forwarder,
     /// What the proxy counts; rendered on the admin listener.
     pub metrics: Arc<Metrics>,
+    /// The route label of requests that match no route.
+    pub unrouted: Arc<str>,
     /// Detached executions (upstream call + completion). They outlive the client's
     /// connection on purpose; shutdown waits for them so no answer is left unstored.
     pub tasks: TaskTracker,
@@ -58,6 +60,7 @@ impl<S: KeyStore> Proxy<S> {
                 store,
                 forwarder,
                 metrics: Arc::new(Metrics::new()),
+                unrouted: Arc::from("-"),
                 tasks: TaskTracker::new(),
             }),
         }
@@ -85,8 +88,9 @@ impl<S: KeyStore> Proxy<S> {
         B::Error: Into<BoxError>,
     {
         let started = std::time::Instant::now();
+        // For the error log only; both clones are reference counts, not copies.
         let method = req.method().clone();
-        let path = req.uri().path().to_owned();
+        let uri = req.uri().clone();
         let (route, outcome, result) = self.handle_inner(req, peer).await;
         self.shared
             .metrics
@@ -96,9 +100,9 @@ impl<S: KeyStore> Proxy<S> {
             Err(err) => {
                 let status = err.status();
                 if status.is_server_error() {
-                    tracing::warn!(%method, %path, route, status = status.as_u16(), cause = %error_chain(&err), "request failed");
+                    tracing::warn!(%method, path = uri.path(), route = &**route, status = status.as_u16(), cause = %error_chain(&err), "request failed");
                 } else {
-                    tracing::debug!(%method, %path, route, status = status.as_u16(), cause = %err, "request rejected");
+                    tracing::debug!(%method, path = uri.path(), route = &**route, status = status.as_u16(), cause = %err, "request rejected");
                 }
                 err.into_response()
             }
@@ -111,7 +115,11 @@ impl<S: KeyStore> Proxy<S> {
         &self,
         req: Request<B>,
         peer: SocketAddr,
-    ) -> (&str, &'static str, Result<Response<ProxyBody>, ProxyError>)
+    ) -> (
+        &Arc<str>,
+        &'static str,
+        Result<Response<ProxyBody>, ProxyError>,
+    )
     where
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
@@ -122,7 +130,7 @@ impl<S: KeyStore> Proxy<S> {
             .routes
             .lookup(req.method(), req.uri().path())
         else {
-            return self.pass_through("-", req, peer).await;
+            return self.pass_through(&self.shared.unrouted, req, peer).await;
         };
         let policy = &route.policy;
         let key = match parse_key(req.headers(), &policy.key_header) {
@@ -150,11 +158,11 @@ impl<S: KeyStore> Proxy<S> {
     /// Forwards an unprotected request as it is, streaming both ways.
     async fn pass_through<'a, B>(
         &self,
-        route: &'a str,
+        route: &'a Arc<str>,
         req: Request<B>,
         peer: SocketAddr,
     ) -> (
-        &'a str,
+        &'a Arc<str>,
         &'static str,
         Result<Response<ProxyBody>, ProxyError>,
     )
