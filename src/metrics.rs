@@ -84,6 +84,8 @@ pub struct Metrics {
     pub swept_rows: Counter,
     /// Sweep passes that failed.
     pub sweep_errors: Counter,
+    /// Client connections being served.
+    pub connections_open: Gauge,
     /// PostgreSQL pool: connections open, idle, and requests waiting for one.
     pub pool_size: Gauge,
     pub pool_available: Gauge,
@@ -114,6 +116,7 @@ impl Metrics {
             upstream_seconds: Family::new_with_constructor(latency),
             swept_rows: Counter::default(),
             sweep_errors: Counter::default(),
+            connections_open: Gauge::default(),
             pool_size: Gauge::default(),
             pool_available: Gauge::default(),
             pool_waiting: Gauge::default(),
@@ -183,6 +186,11 @@ impl Metrics {
             "sweep_errors",
             "Retention sweep passes that failed",
             m.sweep_errors.clone(),
+        );
+        registry.register(
+            "connections_open",
+            "Client connections being served",
+            m.connections_open.clone(),
         );
         registry.register(
             "pool_connections",

@@ -36,6 +36,8 @@ pub enum ProxyError {
     InvalidClientId { reason: String },
     #[error("request body larger than {limit} bytes")]
     BodyTooLarge { limit: u64 },
+    #[error("request body not received in time")]
+    BodyTimeout,
     #[error("request body could not be read")]
     BodyRead(#[source] crate::proxy::body::BoxError),
     #[error(transparent)]
@@ -81,6 +83,7 @@ impl ProxyError {
                 ..
             } => StatusCode::BAD_REQUEST,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ProxyError::InProgress { .. } | ProxyError::NotReplayable { .. } => {
                 StatusCode::CONFLICT
@@ -122,6 +125,11 @@ impl ProxyError {
                 "body-too-large",
                 "Request body too large",
                 format!("The request body exceeds the limit of {limit} bytes for this endpoint. Nothing was reserved."),
+            ),
+            ProxyError::BodyTimeout => (
+                "body-timeout",
+                "Request body too slow",
+                "The request body did not arrive in time. Nothing was reserved; send the request again with the same key.".to_owned(),
             ),
             ProxyError::BodyRead(_) => (
                 "body-unreadable",

@@ -6,6 +6,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::body::Incoming;
@@ -14,16 +15,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 use crate::proxy::Proxy;
 use crate::store::KeyStore;
-
-/// The largest per-connection read buffer, which bounds a request head (larger gets 431)
-/// and keeps a thousand idle keep-alive connections from holding large buffers.
-const MAX_BUF_SIZE: usize = 64 * 1024;
-
-/// How long a client may take to send a request's headers.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Serves `proxy` on `listener` until `shutdown` resolves, then stops accepting, lets
 /// in-flight requests and their completions finish (up to `grace`), and returns.
@@ -33,15 +28,26 @@ pub async fn run<S: KeyStore>(
     shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) {
+    let limits = proxy.config().limits;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_buf_size(MAX_BUF_SIZE);
+        .header_read_timeout(limits.header_read_timeout)
+        // The read buffer bounds a request head: larger gets 431.
+        .max_buf_size(limits.max_header_bytes);
+    // Past the limit, connections wait in the kernel's accept queue instead of being served.
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
+        let slot = tokio::select! {
+            slot = Arc::clone(&slots).acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
@@ -58,10 +64,14 @@ pub async fn run<S: KeyStore>(
         let conn = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), service(proxy.clone(), peer));
         let conn = graceful.watch(conn.into_owned());
+        let open = proxy.metrics().connections_open.clone();
+        open.inc();
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(cause = %e, %peer, "connection ended with an error");
             }
+            open.dec();
+            drop(slot);
         });
     }
     drop(listener);

@@ -118,6 +118,7 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
     if sweep_interval.is_zero() {
         problems.push("sweep.interval", "must be more than 0s");
     }
+    let limits = build_limits(&mut problems, file.limits.as_ref());
 
     let store_timeout = store
         .as_ref()
@@ -153,10 +154,43 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
                 admin_token,
                 sweep_interval,
                 sweep_batch,
+                limits,
             })
         }
         _ => Err(problems.0),
     }
+}
+
+fn build_limits(p: &mut Problems, file: Option<&super::file::FileLimits>) -> Limits {
+    let limits = Limits {
+        max_connections: file
+            .and_then(|l| l.max_connections)
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS),
+        header_read_timeout: file
+            .and_then(|l| l.header_read_timeout)
+            .map_or(DEFAULT_HEADER_READ_TIMEOUT, |d| d.0),
+        body_read_timeout: file
+            .and_then(|l| l.body_read_timeout)
+            .map_or(DEFAULT_BODY_READ_TIMEOUT, |d| d.0),
+        max_header_bytes: file
+            .and_then(|l| l.max_header_bytes)
+            .map_or(DEFAULT_MAX_HEADER_BYTES, |s| {
+                usize::try_from(s.0).unwrap_or(usize::MAX)
+            }),
+    };
+    if limits.max_connections == 0 {
+        p.push("limits.max_connections", "must be at least 1");
+    }
+    if limits.header_read_timeout.is_zero() {
+        p.push("limits.header_read_timeout", "must be more than 0s");
+    }
+    if limits.body_read_timeout.is_zero() {
+        p.push("limits.body_read_timeout", "must be more than 0s");
+    }
+    if !(8192..=1 << 24).contains(&limits.max_header_bytes) {
+        p.push("limits.max_header_bytes", "must be between 8KiB and 16MiB");
+    }
+    limits
 }
 
 fn parse_addr(

@@ -21,6 +21,17 @@ pub struct FileConfig {
     pub shutdown_grace: Option<HumanDuration>,
     pub admin_token: Option<String>,
     pub sweep: Option<FileSweep>,
+    pub limits: Option<FileLimits>,
+}
+
+/// `limits:` — what a slow or hostile client may cost.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileLimits {
+    pub max_connections: Option<usize>,
+    pub header_read_timeout: Option<HumanDuration>,
+    pub body_read_timeout: Option<HumanDuration>,
+    pub max_header_bytes: Option<HumanSize>,
 }
 
 /// `sweep:` — the background retention sweep.

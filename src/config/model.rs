@@ -43,6 +43,14 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// Rows per sweep statement.
 pub const DEFAULT_SWEEP_BATCH: i64 = 500;
+/// Connections served at once.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Time to send a request head.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time to send a protected request's body.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest request head.
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Embedded store file when no PostgreSQL URL is configured.
 pub const DEFAULT_EMBEDDED_PATH: &str = "./idemproxy.db";
 
@@ -64,6 +72,21 @@ pub struct Config {
     pub sweep_interval: Duration,
     /// Rows deleted per sweep statement (small batches: no long locks).
     pub sweep_batch: i64,
+    /// What one client may cost the proxy.
+    pub limits: Limits,
+}
+
+/// Bounds on clients, so that slow or hostile ones cannot exhaust the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections served at once; further ones wait in the kernel's accept queue.
+    pub max_connections: usize,
+    /// Time to send a request head (slowloris); the connection is closed past it.
+    pub header_read_timeout: Duration,
+    /// Time to send a protected request's body; `408` past it.
+    pub body_read_timeout: Duration,
+    /// Largest request head; `431` beyond.
+    pub max_header_bytes: usize,
 }
 
 /// Where and how requests are forwarded.
@@ -248,6 +271,15 @@ impl fmt::Display for Config {
             f,
             "shutdown_grace: {}",
             format_duration(self.shutdown_grace)
+        )?;
+        let l = &self.limits;
+        writeln!(
+            f,
+            "limits:\n  max_connections: {}\n  header_read_timeout: {}\n  body_read_timeout: {}\n  max_header_bytes: {}",
+            l.max_connections,
+            format_duration(l.header_read_timeout),
+            format_duration(l.body_read_timeout),
+            format_size(l.max_header_bytes as u64)
         )?;
         let token = if self.admin_token.is_some() {
             "(set)"

@@ -89,12 +89,13 @@ where
             limit: policy.max_body,
         });
     }
-    let body = collect_limited(body, policy.max_body)
-        .await
-        .map_err(|e| match e {
-            CollectError::TooLarge(limit) => ProxyError::BodyTooLarge { limit },
-            CollectError::Read(e) => ProxyError::BodyRead(e),
-        })?;
+    let read = collect_limited(body, policy.max_body);
+    let body = match tokio::time::timeout(shared.config.limits.body_read_timeout, read).await {
+        Err(_) => return Err(ProxyError::BodyTimeout),
+        Ok(Err(CollectError::TooLarge(limit))) => return Err(ProxyError::BodyTooLarge { limit }),
+        Ok(Err(CollectError::Read(e))) => return Err(ProxyError::BodyRead(e)),
+        Ok(Ok(body)) => body,
+    };
 
     let fingerprint = fingerprint(&fingerprint::Request {
         method: parts.method.as_str(),

@@ -66,6 +66,11 @@ impl<S: KeyStore> Proxy<S> {
         }
     }
 
+    /// The configuration it runs with.
+    pub fn config(&self) -> &Arc<Config> {
+        &self.shared.config
+    }
+
     /// The store, for readiness checks.
     pub fn store(&self) -> &S {
         &self.shared.store
