@@ -16,6 +16,7 @@
 //! - [`server`]: accept loop and graceful drain; [`shutdown`]: the stop signal.
 //! - [`admin`]: health, readiness, metrics and the key admin API on the admin listener.
 //! - [`metrics`]: the Prometheus registry; [`sweep`]: retention.
+//! - [`tls`]: rustls configurations for HTTPS upstreams and the TLS listener.
 //! - [`demo`]: the seed article's story, runnable (`idemproxy demo`, `idemproxy demo-provider`).
 
 pub mod admin;
@@ -31,3 +32,4 @@ pub mod server;
 pub mod shutdown;
 pub mod store;
 pub mod sweep;
+pub mod tls;

@@ -39,6 +39,12 @@ pub async fn run<S: KeyStore>(
     // Past the limit, connections wait in the kernel's accept queue instead of being served.
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
+    // TLS on the listener when configured; HTTP/2 is offered by ALPN.
+    let acceptor = proxy
+        .config()
+        .tls
+        .clone()
+        .map(tokio_rustls::TlsAcceptor::from);
     tokio::pin!(shutdown);
     loop {
         let slot = tokio::select! {
@@ -61,13 +67,36 @@ pub async fn run<S: KeyStore>(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service(proxy.clone(), peer));
-        let conn = graceful.watch(conn.into_owned());
         let open = proxy.metrics().connections_open.clone();
         open.inc();
+        let (builder, watcher, svc) = (
+            builder.clone(),
+            graceful.watcher(),
+            service(proxy.clone(), peer),
+        );
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let served = match acceptor {
+                None => {
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+                    watcher.watch(conn.into_owned()).await
+                }
+                // The handshake counts against the header timeout, like a slow head.
+                Some(acceptor) => {
+                    match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream))
+                        .await
+                    {
+                        Ok(Ok(tls)) => {
+                            let conn =
+                                builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
+                            watcher.watch(conn.into_owned()).await
+                        }
+                        Ok(Err(e)) => Err(e.into()),
+                        Err(_) => Err("TLS handshake timed out".into()),
+                    }
+                }
+            };
+            if let Err(e) = served {
                 tracing::debug!(cause = %e, %peer, "connection ended with an error");
             }
             open.dec();

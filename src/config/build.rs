@@ -119,6 +119,7 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
         problems.push("sweep.interval", "must be more than 0s");
     }
     let limits = build_limits(&mut problems, file.limits.as_ref());
+    let tls = build_listener_tls(&mut problems, file.tls.as_ref());
 
     let store_timeout = store
         .as_ref()
@@ -155,6 +156,7 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
                 sweep_interval,
                 sweep_batch,
                 limits,
+                tls,
             })
         }
         _ => Err(problems.0),
@@ -228,20 +230,17 @@ fn build_upstream(p: &mut Problems, file: &FileConfig) -> Option<UpstreamConfig>
             return None;
         }
     };
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
+    let scheme = match uri.scheme_str() {
+        Some("http") => "http",
+        Some("https") => "https",
+        _ => {
             p.push(
                 "upstream.url",
-                "https upstreams are not supported yet; use http://",
+                format!("`{url}` must start with http:// or https://"),
             );
             return None;
         }
-        _ => {
-            p.push("upstream.url", format!("`{url}` must start with http://"));
-            return None;
-        }
-    }
+    };
     let Some(authority) = uri.authority().cloned() else {
         p.push("upstream.url", format!("`{url}` has no host"));
         return None;
@@ -251,7 +250,7 @@ fn build_upstream(p: &mut Problems, file: &FileConfig) -> Option<UpstreamConfig>
         return None;
     }
     let origin = http::Uri::builder()
-        .scheme("http")
+        .scheme(scheme)
         .authority(authority)
         .path_and_query("/")
         .build()
@@ -271,13 +270,90 @@ fn build_upstream(p: &mut Problems, file: &FileConfig) -> Option<UpstreamConfig>
     if max_connections == 0 {
         p.push("upstream.max_connections", "must be at least 1");
     }
+    let (tls, tls_summary) = build_upstream_tls(p, up.and_then(|u| u.tls.as_ref()))?;
     Some(UpstreamConfig {
+        tls,
+        tls_summary,
         max_connections,
         origin,
         base_path: uri.path().trim_end_matches('/').to_owned(),
         connect_timeout,
         timeout,
     })
+}
+
+fn build_upstream_tls(
+    p: &mut Problems,
+    file: Option<&super::file::FileUpstreamTls>,
+) -> Option<(std::sync::Arc<rustls::ClientConfig>, String)> {
+    let roots = match file.and_then(|t| t.roots.as_deref()) {
+        None | Some("webpki") => crate::tls::Roots::Webpki,
+        Some("system") => crate::tls::Roots::System,
+        Some(other) => {
+            p.push(
+                "upstream.tls.roots",
+                format!("`{other}`: use `webpki` or `system`"),
+            );
+            return None;
+        }
+    };
+    let ca = file
+        .and_then(|t| t.ca_file.as_deref())
+        .map(std::path::Path::new);
+    let client = match (
+        file.and_then(|t| t.client_cert.as_deref()),
+        file.and_then(|t| t.client_key.as_deref()),
+    ) {
+        (Some(cert), Some(key)) => Some((std::path::Path::new(cert), std::path::Path::new(key))),
+        (None, None) => None,
+        _ => {
+            p.push(
+                "upstream.tls",
+                "set both `client_cert` and `client_key`, or neither",
+            );
+            return None;
+        }
+    };
+    match crate::tls::client_config(roots, ca, client) {
+        Ok(config) => {
+            let summary = format!(
+                "roots: {}{}{}",
+                if roots == crate::tls::Roots::Webpki {
+                    "webpki"
+                } else {
+                    "system"
+                },
+                ca.map(|c| format!(", ca_file: {}", c.display()))
+                    .unwrap_or_default(),
+                client
+                    .map(|(c, _)| format!(", client_cert: {}", c.display()))
+                    .unwrap_or_default()
+            );
+            Some((config, summary))
+        }
+        Err(e) => {
+            p.push("upstream.tls", e);
+            None
+        }
+    }
+}
+
+fn build_listener_tls(
+    p: &mut Problems,
+    file: Option<&super::file::FileListenerTls>,
+) -> Option<std::sync::Arc<rustls::ServerConfig>> {
+    let file = file?;
+    let (Some(cert), Some(key)) = (file.cert_file.as_deref(), file.key_file.as_deref()) else {
+        p.push("tls", "set both `cert_file` and `key_file`");
+        return None;
+    };
+    match crate::tls::server_config(std::path::Path::new(cert), std::path::Path::new(key)) {
+        Ok(config) => Some(config),
+        Err(e) => {
+            p.push("tls", e);
+            None
+        }
+    }
 }
 
 fn build_store(p: &mut Problems, file: &FileConfig) -> Option<StoreConfig> {

@@ -22,6 +22,7 @@ pub struct FileConfig {
     pub admin_token: Option<String>,
     pub sweep: Option<FileSweep>,
     pub limits: Option<FileLimits>,
+    pub tls: Option<FileListenerTls>,
 }
 
 /// `limits:` — what a slow or hostile client may cost.
@@ -50,6 +51,25 @@ pub struct FileUpstream {
     pub connect_timeout: Option<HumanDuration>,
     pub timeout: Option<HumanDuration>,
     pub max_connections: Option<usize>,
+    pub tls: Option<FileUpstreamTls>,
+}
+
+/// `upstream.tls:` — trust and identity towards an HTTPS upstream.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileUpstreamTls {
+    pub roots: Option<String>,
+    pub ca_file: Option<String>,
+    pub client_cert: Option<String>,
+    pub client_key: Option<String>,
+}
+
+/// `tls:` — terminate TLS on the listener.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileListenerTls {
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
 }
 
 /// `store:` — exactly one of the two backends.

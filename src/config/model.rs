@@ -6,6 +6,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
@@ -74,6 +75,8 @@ pub struct Config {
     pub sweep_batch: i64,
     /// What one client may cost the proxy.
     pub limits: Limits,
+    /// TLS on the listener, when configured.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Bounds on clients, so that slow or hostile ones cannot exhaust the proxy.
@@ -100,6 +103,10 @@ pub struct UpstreamConfig {
     pub timeout: Duration,
     /// Most requests in flight to the upstream at once (and so its open connections).
     pub max_connections: usize,
+    /// TLS towards `https://` upstreams (roots, private CA, client certificate).
+    pub tls: Arc<rustls::ClientConfig>,
+    /// What the upstream's trust comes from, for `check-config`.
+    pub tls_summary: String,
 }
 
 /// Which store backs the key table.
@@ -227,6 +234,15 @@ impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "listen: {}", self.listen)?;
         writeln!(f, "admin_listen: {}", self.admin_listen)?;
+        writeln!(
+            f,
+            "tls: {}",
+            if self.tls.is_some() {
+                "on (HTTP/2 and HTTP/1.1 by ALPN)"
+            } else {
+                "off"
+            }
+        )?;
         writeln!(f, "upstream:")?;
         writeln!(
             f,
@@ -241,6 +257,7 @@ impl fmt::Display for Config {
         )?;
         writeln!(f, "  timeout: {}", format_duration(self.upstream.timeout))?;
         writeln!(f, "  max_connections: {}", self.upstream.max_connections)?;
+        writeln!(f, "  tls: {}", self.upstream.tls_summary)?;
         writeln!(f, "store:")?;
         match &self.store {
             StoreConfig::Postgres(pg) => {

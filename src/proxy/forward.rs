@@ -14,6 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Request, Response, Uri, header, request};
 use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -36,8 +37,10 @@ pub enum ForwardError {
 /// Forwards requests to the configured upstream.
 #[derive(Clone)]
 pub struct Forwarder {
-    /// Pooled keep-alive client; cloning shares the pool.
-    client: Client<HttpConnector, ProxyBody>,
+    /// Pooled keep-alive client (plain or TLS, by the URL's scheme); cloning shares the pool.
+    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
+    /// `X-Forwarded-Proto`: how clients reached this proxy.
+    client_proto: &'static str,
     upstream: UpstreamConfig,
     /// Bounds the requests in flight to the upstream (and so its connections): past it,
     /// requests queue here, within their timeout, instead of opening more sockets.
@@ -72,17 +75,25 @@ impl Body for UpstreamBody {
 
 impl Forwarder {
     /// Builds the client for `upstream`.
-    pub fn new(upstream: UpstreamConfig) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(upstream.connect_timeout));
-        connector.set_nodelay(true);
+    pub fn new(upstream: UpstreamConfig, client_tls: bool) -> Self {
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(upstream.connect_timeout));
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config((*upstream.tls).clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(30))
             .pool_max_idle_per_host(upstream.max_connections)
             .build(connector);
         let permits = Arc::new(Semaphore::new(upstream.max_connections));
+        let client_proto = if client_tls { "https" } else { "http" };
         Self {
             client,
+            client_proto,
             upstream,
             permits,
         }
@@ -109,7 +120,7 @@ impl Forwarder {
         });
         strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::HOST);
-        set_forwarded(&mut parts.headers, peer, original_host);
+        set_forwarded(&mut parts.headers, peer, original_host, self.client_proto);
         parts.uri = self.upstream_uri(&parts.uri);
         parts.version = http::Version::HTTP_11;
         Request::from_parts(parts, body)

@@ -37,6 +37,7 @@ pub fn set_forwarded(
     headers: &mut HeaderMap,
     peer: SocketAddr,
     original_host: Option<HeaderValue>,
+    proto: &'static str,
 ) {
     let ip = peer.ip().to_string();
     let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
@@ -46,7 +47,7 @@ pub fn set_forwarded(
     if let Ok(value) = HeaderValue::from_str(&xff) {
         headers.insert("x-forwarded-for", value);
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
     match original_host {
         Some(host) => {
             headers.insert("x-forwarded-host", host);
@@ -156,6 +157,7 @@ mod tests {
             &mut h,
             "127.0.0.2:5000".parse().unwrap(),
             Some(HeaderValue::from_static("api.example")),
+            "http",
         );
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.2");
         assert_eq!(h["x-forwarded-host"], "api.example");

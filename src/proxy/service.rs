@@ -53,7 +53,7 @@ impl<S> Clone for Proxy<S> {
 impl<S: KeyStore> Proxy<S> {
     /// A proxy in front of `config.upstream`, keeping keys in `store`.
     pub fn new(config: Arc<Config>, store: S) -> Self {
-        let forwarder = Forwarder::new(config.upstream.clone());
+        let forwarder = Forwarder::new(config.upstream.clone(), config.tls.is_some());
         Self {
             shared: Arc::new(Shared {
                 config,
