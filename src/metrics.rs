@@ -86,6 +86,9 @@ pub struct Metrics {
     pub sweep_errors: Counter,
     /// Client connections being served.
     pub connections_open: Gauge,
+    /// Client connections that ended in an error, by kind (`header_timeout`,
+    /// `head_too_large`, `malformed`, `closed_early`, `tls_handshake`, `other`).
+    pub connection_errors: Family<KindLabel, Counter>,
     /// PostgreSQL pool: connections open, idle, and requests waiting for one.
     pub pool_size: Gauge,
     pub pool_available: Gauge,
@@ -117,6 +120,7 @@ impl Metrics {
             swept_rows: Counter::default(),
             sweep_errors: Counter::default(),
             connections_open: Gauge::default(),
+            connection_errors: Family::default(),
             pool_size: Gauge::default(),
             pool_available: Gauge::default(),
             pool_waiting: Gauge::default(),
@@ -186,6 +190,11 @@ impl Metrics {
             "sweep_errors",
             "Retention sweep passes that failed",
             m.sweep_errors.clone(),
+        );
+        registry.register(
+            "connection_errors",
+            "Client connections that ended in an error, by kind",
+            m.connection_errors.clone(),
         );
         registry.register(
             "connections_open",

@@ -17,6 +17,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::metrics::KindLabel;
 use crate::proxy::Proxy;
 use crate::store::KeyStore;
 
@@ -67,7 +68,8 @@ pub async fn run<S: KeyStore>(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let open = proxy.metrics().connections_open.clone();
+        let metrics = Arc::clone(proxy.metrics());
+        let open = metrics.connections_open.clone();
         open.inc();
         let (builder, watcher, svc) = (
             builder.clone(),
@@ -79,7 +81,10 @@ pub async fn run<S: KeyStore>(
             let served = match acceptor {
                 None => {
                     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
-                    watcher.watch(conn.into_owned()).await
+                    watcher
+                        .watch(conn.into_owned())
+                        .await
+                        .map_err(ConnError::Http)
                 }
                 // The handshake counts against the header timeout, like a slow head.
                 Some(acceptor) => {
@@ -89,15 +94,23 @@ pub async fn run<S: KeyStore>(
                         Ok(Ok(tls)) => {
                             let conn =
                                 builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
-                            watcher.watch(conn.into_owned()).await
+                            watcher
+                                .watch(conn.into_owned())
+                                .await
+                                .map_err(ConnError::Http)
                         }
-                        Ok(Err(e)) => Err(e.into()),
-                        Err(_) => Err("TLS handshake timed out".into()),
+                        Ok(Err(e)) => Err(ConnError::Tls(e.to_string())),
+                        Err(_) => Err(ConnError::Tls("handshake timed out".into())),
                     }
                 }
             };
             if let Err(e) = served {
-                tracing::debug!(cause = %e, %peer, "connection ended with an error");
+                let kind = e.kind();
+                metrics
+                    .connection_errors
+                    .get_or_create(&KindLabel { kind })
+                    .inc();
+                tracing::debug!(cause = %e, kind, %peer, "connection ended with an error");
             }
             open.dec();
             drop(slot);
@@ -119,6 +132,30 @@ pub async fn run<S: KeyStore>(
             still_running = tasks.len(),
             "grace period over; exiting with requests still in flight (their keys free up when the leases run out)"
         ),
+    }
+}
+
+/// Why a client connection ended badly, for the log and `connection_errors_total`.
+#[derive(Debug, thiserror::Error)]
+enum ConnError {
+    #[error("{0}")]
+    Http(Box<dyn std::error::Error + Send + Sync>),
+    #[error("TLS: {0}")]
+    Tls(String),
+}
+
+impl ConnError {
+    fn kind(&self) -> &'static str {
+        let ConnError::Http(e) = self else {
+            return "tls_handshake";
+        };
+        match e.downcast_ref::<hyper::Error>() {
+            Some(h) if h.is_timeout() => "header_timeout",
+            Some(h) if h.is_parse_too_large() => "head_too_large",
+            Some(h) if h.is_parse() => "malformed",
+            Some(h) if h.is_incomplete_message() || h.is_closed() => "closed_early",
+            _ => "other",
+        }
     }
 }
 

@@ -162,6 +162,15 @@ async fn slow_clients_are_cut_off() {
     let read = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut rest)).await;
     assert!(cut || read.is_ok(), "the server closed the slow connection");
     assert_http_or_closed(&rest);
+    let counted = eventually(Duration::from_secs(5), || async {
+        proxy
+            .metrics
+            .render()
+            .contains("idemproxy_connection_errors_total{kind=\"header_timeout\"}")
+            .then_some(())
+    })
+    .await;
+    assert!(counted.is_some(), "the slow head is counted");
 
     let mut stall = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     stall
@@ -225,4 +234,32 @@ async fn connection_limit_queues_extra_clients() {
 
 fn addr_of(proxy: &TestProxy) -> std::net::SocketAddr {
     proxy.addr
+}
+
+/// An idle keep-alive connection is closed once it has sent nothing for the header timeout,
+/// so idle clients cannot pin connection slots forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keep_alive_connections_are_closed() {
+    let db = Backend::postgres().await;
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let proxy = TestProxy::spawn(&hostile_config(), &upstream, &db).await;
+    let mut conn = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    conn.write_all(b"GET /payments HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = conn.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 201"));
+    // Now idle: the server must hang up within a few header timeouts (1 s here).
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the idle connection was closed");
+    proxy.stop().await;
 }
