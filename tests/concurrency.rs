@@ -103,13 +103,7 @@ async fn slow_upstream_keeps_its_lease(db: Backend) {
         let client = client.clone();
         tokio::spawn(async move { client.post("/payments", "shop-1", "slow", body).await })
     };
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            (upstream.executions() == 1).then_some(())
-        })
-        .await
-        .is_some()
-    );
+    upstream.wait_executions(1).await;
     tokio::time::sleep(Duration::from_millis(4000)).await; // past the 3 s lease
     let dup = client.post("/payments", "shop-1", "slow", body).await;
     assert_eq!(

@@ -48,11 +48,7 @@ async fn sigkill_mid_flight_then_takeover_charges_once(db: Backend) {
                 .await
         })
     };
-    let reached = eventually(Duration::from_secs(10), || async {
-        (upstream.executions() == 1).then_some(())
-    })
-    .await;
-    assert!(reached.is_some());
+    upstream.wait_executions(1).await;
     first.kill().await;
     assert!(
         in_flight.await.unwrap().is_err(),
@@ -67,15 +63,9 @@ async fn sigkill_mid_flight_then_takeover_charges_once(db: Backend) {
         "the dead worker's lease still holds: {immediate:?}"
     );
 
-    let after_lease = eventually(Duration::from_secs(20), || {
-        let client = client.clone();
-        async move {
-            let reply = client.post("/payments", "shop-1", "crash-1", BODY).await;
-            (reply.status != 409).then_some(reply)
-        }
-    })
-    .await
-    .expect("the key is taken over once the lease runs out");
+    let after_lease = client
+        .post_until_settled("/payments", "shop-1", "crash-1", BODY)
+        .await;
     assert_eq!(after_lease.status, 201, "{after_lease:?}");
     assert_eq!(
         after_lease.json()["charge_id"],
@@ -121,11 +111,7 @@ async fn sigterm_drains_in_flight_requests(db: Backend) {
         let client = client.clone();
         tokio::spawn(async move { client.post("/payments", "shop-1", "term-1", BODY).await })
     };
-    let reached = eventually(Duration::from_secs(10), || async {
-        (upstream.executions() == 1).then_some(())
-    })
-    .await;
-    assert!(reached.is_some());
+    upstream.wait_executions(1).await;
     proxy.terminate();
 
     let reply = in_flight.await.unwrap();

@@ -74,13 +74,7 @@ async fn store_down_at_completion_then_back() {
         let client = client.clone();
         tokio::spawn(async move { client.post("/payments", "shop-1", "k", BODY).await })
     };
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            (upstream.executions() == 1).then_some(())
-        })
-        .await
-        .is_some()
-    );
+    upstream.wait_executions(1).await;
     relay.cut();
     let reply = in_flight.await.unwrap();
     assert_eq!(
@@ -126,26 +120,14 @@ async fn stale_worker_is_fenced_off() {
         let client = TestClient::new(&stale);
         tokio::spawn(async move { client.post("/payments", "shop-1", "k", BODY).await })
     };
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            (upstream.executions() == 1).then_some(())
-        })
-        .await
-        .is_some()
-    );
+    upstream.wait_executions(1).await;
     relay.cut(); // the first worker can no longer renew its lease
     upstream.set(Behavior::default());
 
     let client = TestClient::new(&other);
-    let takeover = eventually(Duration::from_secs(20), || {
-        let client = client.clone();
-        async move {
-            let reply = client.post("/payments", "shop-1", "k", BODY).await;
-            (reply.status != 409).then_some(reply)
-        }
-    })
-    .await
-    .unwrap();
+    let takeover = client
+        .post_until_settled("/payments", "shop-1", "k", BODY)
+        .await;
     assert_eq!(takeover.status, 201);
     assert!(!takeover.replayed());
     assert_eq!(takeover.json()["charge_id"], 2);

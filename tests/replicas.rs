@@ -94,13 +94,7 @@ async fn killed_replica_is_covered_by_the_others() {
                 .await;
         });
     }
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            (upstream.executions() == 5).then_some(())
-        })
-        .await
-        .is_some()
-    );
+    upstream.wait_executions(5).await;
     doomed.kill().await;
 
     for (i, key) in keys.iter().enumerate() {

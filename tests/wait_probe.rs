@@ -62,13 +62,7 @@ async fn waiting_is_bounded(db: Backend) {
         let client = client.clone();
         tokio::spawn(async move { client.post("/payments", "shop-1", "w", BODY).await })
     };
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            (upstream.executions() == 1).then_some(())
-        })
-        .await
-        .is_some()
-    );
+    upstream.wait_executions(1).await;
     let dup = client.post("/payments", "shop-1", "w", BODY).await;
     assert_eq!(dup.status, 409);
     assert_eq!(first.await.unwrap().status, 201);

@@ -335,6 +335,18 @@ impl Upstream {
         self.state.charges.load(Ordering::SeqCst)
     }
 
+    /// Waits (up to 10 s) until the upstream has seen `n` executions.
+    pub async fn wait_executions(&self, n: usize) {
+        let reached = eventually(Duration::from_secs(10), || async {
+            (self.executions() >= n).then_some(())
+        })
+        .await;
+        assert!(
+            reached.is_some(),
+            "the upstream never reached {n} executions"
+        );
+    }
+
     pub fn probes(&self) -> usize {
         self.state.probes.load(Ordering::SeqCst)
     }
@@ -761,6 +773,22 @@ impl TestClient {
         self.try_send(method, path, headers, body)
             .await
             .expect("proxy answers")
+    }
+
+    /// Retries `post` while it answers 409 (a lease still held), for up to 20 s.
+    pub async fn post_until_settled(
+        &self,
+        path: &str,
+        client: &str,
+        key: &str,
+        body: &str,
+    ) -> Reply {
+        eventually(Duration::from_secs(20), || async {
+            let reply = self.post(path, client, key, body).await;
+            (reply.status != 409).then_some(reply)
+        })
+        .await
+        .unwrap_or_else(|| panic!("{key} still answered 409 after 20 s"))
     }
 
     /// `POST path` with a JSON body, a key and a client id.
