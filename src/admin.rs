@@ -13,7 +13,6 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
@@ -347,13 +346,6 @@ pub fn rfc3339(ms: i64) -> String {
         rem % 3600 / 60,
         rem % 60
     )
-}
-
-/// Now, in unix milliseconds.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 #[cfg(test)]

@@ -78,10 +78,10 @@ pub struct PgStore {
 impl PgStore {
     /// Builds the pool; no connection is made until the first call.
     pub fn new(config: &PostgresConfig) -> Result<Self, StoreError> {
-        let mut pg: tokio_postgres::Config =
-            config.url.parse().map_err(|e: tokio_postgres::Error| {
-                StoreError::Corrupt(format!("database URL: {e}"))
-            })?;
+        let mut pg: tokio_postgres::Config = config
+            .url
+            .parse()
+            .map_err(|e: tokio_postgres::Error| StoreError::Config(format!("database URL: {e}")))?;
         pg.connect_timeout(config.connect_timeout);
         if pg.get_application_name().is_none() {
             pg.application_name("idemproxy");
@@ -103,7 +103,7 @@ impl PgStore {
                 recycle: Some(config.timeout),
             })
             .build()
-            .map_err(|e| StoreError::Corrupt(format!("pool: {e}")))?;
+            .map_err(|e| StoreError::Config(format!("pool: {e}")))?;
         Ok(Self {
             pool,
             timeout: config.timeout,

@@ -138,6 +138,8 @@ pub enum StoreError {
     Timeout(Duration),
     #[error("unexpected row from the store: {0}")]
     Corrupt(String),
+    #[error("store configuration: {0}")]
+    Config(String),
     #[error("embedded store: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("embedded store task failed: {0}")]
