@@ -125,9 +125,92 @@ async fn oversized_answers_are_not_replayable(db: Backend) {
     proxy.stop().await;
 }
 
+/// `on_ambiguous: store` makes a timeout the final answer: the 504 problem is stored and
+/// replayed, and nothing executes again.
+async fn ambiguous_store_replays_the_timeout(db: Backend) {
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_secs(3),
+        ..Default::default()
+    })
+    .await;
+    let yaml = PAYMENTS
+        .replace("  timeout: 10s\n", "  timeout: 300ms\n")
+        .replace(
+            "    require_key: true\n",
+            "    require_key: true\n    on_ambiguous: store\n",
+        );
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    let first = client.post("/payments", "shop-1", "amb", BODY).await;
+    assert_eq!(first.status, 504);
+    let again = client.post("/payments", "shop-1", "amb", BODY).await;
+    assert_eq!(again.status, 504);
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(upstream.executions(), 1);
+    proxy.stop().await;
+}
+
+/// A status listed in `ambiguous_statuses` (a gateway's 502) keeps the key in progress by
+/// default: the client gets the answer, a retry gets 409, nothing executes twice at once.
+async fn ambiguous_status_keeps_the_key(db: Backend) {
+    let upstream = Upstream::spawn(Behavior {
+        status: 502,
+        ..Default::default()
+    })
+    .await;
+    let yaml = PAYMENTS.replace(
+        "    require_key: true\n",
+        "    require_key: true\n    ambiguous_statuses: [502, 504]\n",
+    );
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    let first = client.post("/payments", "shop-1", "gw", BODY).await;
+    assert_eq!(first.status, 502);
+    assert!(!first.is_problem(), "the gateway's own answer");
+    let retry = client.post("/payments", "shop-1", "gw", BODY).await;
+    assert_eq!(retry.status, 409);
+    assert_eq!(upstream.executions(), 1);
+    assert_eq!(
+        db.lookup("shop-1", "gw").await.unwrap().status,
+        "in_progress"
+    );
+    proxy.stop().await;
+}
+
+/// `on_ambiguous: release` frees the key after a timeout, so the retry executes again.
+async fn ambiguous_release_frees_the_key(db: Backend) {
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_secs(2),
+        ..Default::default()
+    })
+    .await;
+    let yaml = PAYMENTS
+        .replace("  timeout: 10s\n", "  timeout: 300ms\n")
+        .replace(
+            "    require_key: true\n",
+            "    require_key: true\n    on_ambiguous: release\n",
+        );
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    assert_eq!(
+        client.post("/payments", "shop-1", "rel", BODY).await.status,
+        504
+    );
+    assert!(db.lookup("shop-1", "rel").await.is_none(), "released");
+    upstream.set(Behavior::default());
+    let retry = client.post("/payments", "shop-1", "rel", BODY).await;
+    assert_eq!(retry.status, 201);
+    assert_eq!(upstream.executions(), 2);
+    proxy.stop().await;
+}
+
 on_both_stores!(
     refused_then_healthy,
     hanging_upstream_keeps_the_key,
     release_on_statuses_free_the_key,
-    oversized_answers_are_not_replayable
+    oversized_answers_are_not_replayable,
+    ambiguous_store_replays_the_timeout,
+    ambiguous_status_keeps_the_key,
+    ambiguous_release_frees_the_key,
 );

@@ -551,6 +551,8 @@ fn route_policy(r: &FileRoute) -> FilePolicy {
                 fields: f.fields.clone(),
             }),
         recovery_probe: r.recovery_probe.clone(),
+        on_ambiguous: r.on_ambiguous.clone(),
+        ambiguous_statuses: r.ambiguous_statuses.clone(),
     }
 }
 
@@ -696,6 +698,35 @@ fn merge_policy(
         }
         None => base.map(|b| b.release_on.clone()).unwrap_or_default(),
     };
+    let on_ambiguous = match own.on_ambiguous.as_deref() {
+        None => base.map_or(Ambiguous::Keep, |b| b.on_ambiguous),
+        Some("keep") => Ambiguous::Keep,
+        Some("store") => Ambiguous::Store,
+        Some("release") => Ambiguous::Release,
+        Some(other) => {
+            p.push(
+                format!("{at}.on_ambiguous"),
+                format!("`{other}`: use `keep`, `store` or `release`"),
+            );
+            Ambiguous::Keep
+        }
+    };
+    let ambiguous_statuses = match &own.ambiguous_statuses {
+        Some(list) => {
+            for (i, code) in list.iter().enumerate() {
+                if !(100..=599).contains(code) {
+                    p.push(
+                        format!("{at}.ambiguous_statuses[{i}]"),
+                        format!("{code} is not an HTTP status"),
+                    );
+                }
+            }
+            list.clone()
+        }
+        None => base
+            .map(|b| b.ambiguous_statuses.clone())
+            .unwrap_or_default(),
+    };
     let recovery_probe = match &own.recovery_probe {
         Some(probe) => build_probe(p, &format!("{at}.recovery_probe"), probe),
         None => base.and_then(|b| b.recovery_probe.clone()),
@@ -716,6 +747,8 @@ fn merge_policy(
         store_headers,
         release_on,
         recovery_probe,
+        on_ambiguous,
+        ambiguous_statuses,
     })
 }
 

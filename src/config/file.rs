@@ -161,6 +161,8 @@ macro_rules! policy_struct {
             pub release_on: Option<Vec<u16>>,
             pub fingerprint: Option<FileFingerprint>,
             pub recovery_probe: Option<FileProbe>,
+            pub on_ambiguous: Option<String>,
+            pub ambiguous_statuses: Option<Vec<u16>>,
         }
     };
 }

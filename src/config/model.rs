@@ -200,6 +200,23 @@ pub struct Policy {
     pub release_on: Vec<u16>,
     /// Asked before re-executing after a takeover, for upstreams that cannot deduplicate.
     pub recovery_probe: Option<RecoveryProbe>,
+    /// What an ambiguous outcome (timeout, reset after send, an `ambiguous_statuses`
+    /// answer) does to the key.
+    pub on_ambiguous: Ambiguous,
+    /// Upstream statuses that do not say whether the operation happened (e.g. `502`/`504`
+    /// from a gateway behind the proxy).
+    pub ambiguous_statuses: Vec<u16>,
+}
+
+/// What to do with a key whose outcome is unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ambiguous {
+    /// Keep it in progress: after the lease a retry re-executes with the same derived key.
+    Keep,
+    /// Store the failure as the final answer: retries replay it.
+    Store,
+    /// Release it: the next retry executes afresh.
+    Release,
 }
 
 /// A request that asks the upstream whether the operation carrying a derived key already
@@ -362,6 +379,16 @@ impl fmt::Display for Config {
                     found.join(", "),
                     missing.join(", ")
                 )?;
+            }
+            let ambiguous = match p.on_ambiguous {
+                Ambiguous::Keep => "keep",
+                Ambiguous::Store => "store",
+                Ambiguous::Release => "release",
+            };
+            writeln!(f, "    on_ambiguous: {ambiguous}")?;
+            if !p.ambiguous_statuses.is_empty() {
+                let codes: Vec<String> = p.ambiguous_statuses.iter().map(u16::to_string).collect();
+                writeln!(f, "    ambiguous_statuses: [{}]", codes.join(", "))?;
             }
             if !p.release_on.is_empty() {
                 let codes: Vec<String> = p.release_on.iter().map(u16::to_string).collect();

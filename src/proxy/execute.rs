@@ -23,7 +23,7 @@ use super::headers::{decode_stored, encode_stored, strip_hop_by_hop};
 use super::key::derived_key;
 use super::observe::Observed;
 use super::service::{Shared, drop_length, error_chain};
-use crate::config::{OnConflict, Policy, RecoveryProbe, Route};
+use crate::config::{Ambiguous, OnConflict, Policy, RecoveryProbe, Route};
 use crate::fingerprint::Fingerprint;
 use crate::metrics::{KindLabel, Metrics, RouteLabel, RouteName};
 use crate::problem::ProxyError;
@@ -205,18 +205,47 @@ pub(crate) async fn run<S: KeyStore>(
                     Err(ProxyError::UpstreamUnreachable(cause)),
                 );
             }
-            Upstream::Unknown(err) => {
-                // The upstream may have acted: keep the key in progress (renewal has stopped, so
-                // the lease runs out) and let a later retry re-execute with the same derived key.
-                tracing::warn!(cause = %error_chain(&err), "upstream outcome unknown; the key stays in progress until its lease runs out");
-                answer(tx, Outcome::UpstreamError, Err(err));
-            }
+            Upstream::Unknown(err) => match policy.on_ambiguous {
+                Ambiguous::Keep => {
+                    // The upstream may have acted: keep the key in progress (renewal has
+                    // stopped, so the lease runs out) and let a later retry re-execute with
+                    // the same derived key.
+                    tracing::warn!(cause = %error_chain(&err), "upstream outcome unknown; the key stays in progress until its lease runs out");
+                    answer(tx, Outcome::UpstreamError, Err(err));
+                }
+                Ambiguous::Release => {
+                    tracing::warn!(cause = %error_chain(&err), "upstream outcome unknown; released as the route's policy says");
+                    if let Err(e) = store.release(&fence).await {
+                        tracing::warn!(cause = %e, "could not release the key; it frees up when its lease runs out");
+                    }
+                    answer(tx, Outcome::Released, Err(err));
+                }
+                Ambiguous::Store => {
+                    // The route treats this failure as the final answer: store the problem.
+                    tracing::warn!(cause = %error_chain(&err), "upstream outcome unknown; storing the failure as the answer, as the route's policy says");
+                    let (head, body) = err.into_response().into_parts();
+                    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+                    let completion = Completion::Stored(StoredResponse {
+                        status: head.status.as_u16(),
+                        headers: encode_stored(&head.headers, &[]),
+                        body: body.clone(),
+                    });
+                    let first = store.complete(&fence, &completion).await;
+                    answer(tx, Outcome::UpstreamError, Ok(Response::from_parts(head, full(body))));
+                    settle(&store, &fence, &completion, first).await;
+                }
+            },
             Upstream::Answered { mut head, body } => {
                 strip_hop_by_hop(&mut head.headers);
                 drop_length(&mut head.headers);
                 head.version = http::Version::default();
                 let status = head.status.as_u16();
-                if policy.release_on.contains(&status) {
+                let ambiguous = policy.ambiguous_statuses.contains(&status);
+                if ambiguous && policy.on_ambiguous == Ambiguous::Keep {
+                    tracing::warn!(status, "ambiguous upstream status; the key stays in progress until its lease runs out");
+                    return answer(tx, Outcome::UpstreamError, Ok(Response::from_parts(head, full(body))));
+                }
+                if policy.release_on.contains(&status) || (ambiguous && policy.on_ambiguous == Ambiguous::Release) {
                     if let Err(e) = store.release(&fence).await {
                         tracing::warn!(cause = %e, "could not release the key; it frees up when its lease runs out");
                     }
