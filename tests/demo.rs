@@ -130,3 +130,74 @@ async fn compose_commands_work() {
         "a closed port is unhealthy"
     );
 }
+
+/// The demo provider can be told to fail or hang, and back to normal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_provider_fails_and_hangs_on_request() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(idemproxy::demo::provider::run(
+        listener,
+        std::time::Duration::ZERO,
+    ));
+    let client = TestClient::at(addr);
+    let pay = |key: &'static str| {
+        let client = client.clone();
+        async move {
+            client
+                .send(
+                    "POST",
+                    "/payments",
+                    &[("idempotency-key", key)],
+                    r#"{"amount":1}"#,
+                )
+                .await
+        }
+    };
+    assert_eq!(pay("a").await.status, 201);
+    client
+        .send("POST", "/control", &[], r#"{"mode":"fail"}"#)
+        .await;
+    assert_eq!(pay("b").await.status, 503);
+    client
+        .send("POST", "/control", &[], r#"{"mode":"hang"}"#)
+        .await;
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(300), pay("c"))
+            .await
+            .is_err(),
+        "hangs"
+    );
+    client
+        .send("POST", "/control", &[], r#"{"mode":"normal"}"#)
+        .await;
+    assert_eq!(pay("d").await.status, 201);
+    let charges = client.send("GET", "/charges", &[], "").await.json();
+    assert_eq!(
+        charges["charges"], 2,
+        "failed and hung requests charged nothing"
+    );
+}
+
+/// `check-config` on a broken file prints every error with its key and exits non-zero.
+#[test]
+fn check_config_reports_errors() {
+    let path = std::env::temp_dir().join(format!("idemproxy-bad-{}.yaml", std::process::id()));
+    std::fs::write(
+        &path,
+        "upstream:\n  url: http://127.0.0.1:1\ndefaults:\n  lease: 1s\n  retention: 1s\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("defaults.lease") && stderr.contains("defaults.retention"),
+        "{stderr}"
+    );
+}
