@@ -6,7 +6,97 @@
 //! are written with all their digits instead of being rounded, so two different large
 //! amounts can never share a fingerprint.
 
-use serde_json::{Number, Value};
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Number, Value};
+
+/// Parses JSON like `serde_json::from_slice`, but rejects an object that names a member
+/// twice. `{"amount":100,"amount":500}` means different things to different parsers (first
+/// wins, last wins); fingerprinting one reading while the upstream acts on the other could
+/// replay the answer of a different operation, so such a body is refused instead.
+pub fn parse_strict(bytes: &[u8]) -> Result<Value, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = Strict.deserialize(&mut de)?;
+    de.end()?;
+    Ok(value)
+}
+
+/// A `Value` seed that refuses duplicate member names.
+#[derive(Clone, Copy)]
+struct Strict;
+
+impl<'de> DeserializeSeed<'de> for Strict {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Strict {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        Number::from_f64(v)
+            .map(Value::Number)
+            .ok_or_else(|| E::custom("a number JSON cannot hold"))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(Strict)? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut members = Map::new();
+        while let Some(name) = map.next_key::<String>()? {
+            if members.contains_key(&name) {
+                return Err(de::Error::custom(format!(
+                    "member `{name}` appears twice in one object"
+                )));
+            }
+            let value = map.next_value_seed(Strict)?;
+            members.insert(name, value);
+        }
+        Ok(Value::Object(members))
+    }
+}
 
 /// Appends the canonical form of `value` to `out`.
 pub fn write_canonical(value: &Value, out: &mut Vec<u8>) {
@@ -111,6 +201,22 @@ mod tests {
     #[test]
     fn strings_escape_minimally() {
         assert_eq!(canon(r#""\u00e9\u20ac\/\u001f\n""#), "\"é€/\\u001f\\n\"");
+    }
+
+    /// A member named twice is refused; the same name in different objects is fine.
+    #[test]
+    fn duplicate_members_are_refused() {
+        let err = parse_strict(br#"{"amount":100,"amount":500}"#).unwrap_err();
+        assert!(err.to_string().contains("`amount` appears twice"), "{err}");
+        assert!(parse_strict(br#"{"a":{"x":1},"b":{"x":2}}"#).is_ok());
+        assert!(
+            parse_strict(br#"[{"a":1}] x"#).is_err(),
+            "trailing characters"
+        );
+        assert_eq!(
+            parse_strict(b"[1, 2.5, \"s\", null]").unwrap(),
+            serde_json::json!([1, 2.5, "s", null])
+        );
     }
 
     /// Member names sort by UTF-16 code units, not by UTF-8 bytes (RFC 8785 §3.2.3).

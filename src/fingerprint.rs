@@ -83,7 +83,7 @@ pub fn fingerprint(req: &Request<'_>) -> Result<Fingerprint, BodyError> {
     }
     let kind = body_kind(req.content_type);
     if let Some(fields) = req.fields {
-        let value: serde_json::Value = match serde_json::from_slice(req.body) {
+        let value: serde_json::Value = match crate::canonical::parse_strict(req.body) {
             Ok(value) => value,
             Err(_) if kind != BodyKind::Json => return Err(BodyError::NotJson),
             Err(e) => return Err(BodyError::InvalidJson(e.to_string())),
@@ -106,7 +106,7 @@ pub fn fingerprint(req: &Request<'_>) -> Result<Fingerprint, BodyError> {
     }
     match kind {
         BodyKind::Json if !req.body.is_empty() => {
-            let value: serde_json::Value = serde_json::from_slice(req.body)
+            let value: serde_json::Value = crate::canonical::parse_strict(req.body)
                 .map_err(|e| BodyError::InvalidJson(e.to_string()))?;
             let mut canon = Vec::with_capacity(req.body.len());
             write_canonical(&value, &mut canon);

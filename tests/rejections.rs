@@ -31,6 +31,25 @@ async fn invalid_json_then_valid(db: Backend) {
     assert_eq!(db.rows().await, 0);
     assert_eq!(upstream.executions(), 0);
 
+    // A member named twice could be read two ways; it is refused, not fingerprinted.
+    let twice = client
+        .post(
+            "/payments",
+            "shop-1",
+            "k",
+            r#"{"amount":100,"amount":500,"currency":"RUB","recipient":"r","purpose":"p"}"#,
+        )
+        .await;
+    assert_eq!(twice.status, 400);
+    assert!(
+        twice.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("appears twice"),
+        "{twice:?}"
+    );
+    assert_eq!(db.rows().await, 0);
+
     let good = client.post("/payments", "shop-1", "k", BODY).await;
     assert_eq!(good.status, 201);
     assert!(!good.replayed());
