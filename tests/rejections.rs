@@ -21,13 +21,7 @@ async fn invalid_json_then_valid(db: Backend) {
         .await;
     assert_eq!(bad.status, 400);
     assert!(bad.is_problem());
-    assert!(
-        bad.json()["detail"]
-            .as_str()
-            .unwrap()
-            .contains("not valid JSON"),
-        "{bad:?}"
-    );
+    assert!(bad.detail().contains("not valid JSON"), "{bad:?}");
     assert_eq!(db.rows().await, 0);
     assert_eq!(upstream.executions(), 0);
 
@@ -41,13 +35,7 @@ async fn invalid_json_then_valid(db: Backend) {
         )
         .await;
     assert_eq!(twice.status, 400);
-    assert!(
-        twice.json()["detail"]
-            .as_str()
-            .unwrap()
-            .contains("appears twice"),
-        "{twice:?}"
-    );
+    assert!(twice.detail().contains("appears twice"), "{twice:?}");
     assert_eq!(db.rows().await, 0);
 
     let good = client.post("/payments", "shop-1", "k", BODY).await;
@@ -68,16 +56,7 @@ async fn bad_requests_reserve_nothing(db: Backend) {
 
     let missing = client.send("POST", "/payments", &[json, shop], BODY).await;
     assert_eq!(missing.status, 400);
-    assert!(
-        missing.json()["detail"]
-            .as_str()
-            .unwrap()
-            .contains("Idempotency-Key")
-            || missing.json()["detail"]
-                .as_str()
-                .unwrap()
-                .contains("idempotency-key")
-    );
+    assert!(missing.detail().contains("idempotency-key"), "{missing:?}");
 
     let long = "k".repeat(300);
     let too_long = client
@@ -89,7 +68,7 @@ async fn bad_requests_reserve_nothing(db: Backend) {
         )
         .await;
     assert_eq!(too_long.status, 400);
-    assert!(too_long.json()["detail"].as_str().unwrap().contains("255"));
+    assert!(too_long.detail().contains("255"));
 
     let twice = client
         .send(
@@ -105,12 +84,7 @@ async fn bad_requests_reserve_nothing(db: Backend) {
         )
         .await;
     assert_eq!(twice.status, 400);
-    assert!(
-        twice.json()["detail"]
-            .as_str()
-            .unwrap()
-            .contains("more than once")
-    );
+    assert!(twice.detail().contains("more than once"));
 
     let empty = client
         .send(
@@ -126,16 +100,7 @@ async fn bad_requests_reserve_nothing(db: Backend) {
         .send("POST", "/payments", &[json, ("idempotency-key", "k")], BODY)
         .await;
     assert_eq!(anonymous.status, 400);
-    assert!(
-        anonymous.json()["detail"]
-            .as_str()
-            .unwrap()
-            .contains("X-Client-Id")
-            || anonymous.json()["detail"]
-                .as_str()
-                .unwrap()
-                .contains("x-client-id")
-    );
+    assert!(anonymous.detail().contains("x-client-id"), "{anonymous:?}");
 
     // /orders/* allows 1 KiB.
     let big = "x".repeat(2048);

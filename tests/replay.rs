@@ -225,11 +225,66 @@ async fn derived_key_goes_to_the_configured_header(db: Backend) {
     proxy.stop().await;
 }
 
+/// Headers a route lists in `store_headers` are stored and replayed — `Set-Cookie` too,
+/// once it is listed.
+async fn configured_headers_are_replayed(db: Backend) {
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let yaml = PAYMENTS.replace(
+        "    require_key: true\n",
+        "    require_key: true\n    store_headers: [Set-Cookie, X-Upstream-Only]\n",
+    );
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    assert_eq!(
+        client.post("/payments", "shop-1", "h", BODY).await.status,
+        201
+    );
+    let again = client.post("/payments", "shop-1", "h", BODY).await;
+    assert!(again.replayed());
+    assert_eq!(again.headers["set-cookie"], "session=secret");
+    assert_eq!(again.headers["x-upstream-only"], "1");
+    assert_eq!(upstream.executions(), 1);
+    proxy.stop().await;
+}
+
+/// With no `routes:` at all, every POST and PATCH carrying a key is protected (the whole
+/// body fingerprinted), and other methods pass through.
+async fn implicit_routes_protect_post_and_patch(db: Backend) {
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let yaml = "upstream:\n  url: {upstream}\n{store}";
+    let proxy = TestProxy::spawn(yaml, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    for method in ["POST", "PATCH"] {
+        let headers = [
+            ("idempotency-key", method),
+            ("content-type", "application/json"),
+        ];
+        let first = client
+            .send(method, "/anything/at/all", &headers, r#"{"a":1}"#)
+            .await;
+        let again = client
+            .send(method, "/anything/at/all", &headers, r#"{ "a" : 1.0 }"#)
+            .await;
+        assert_eq!((first.status.as_u16(), first.replayed()), (201, false));
+        assert!(again.replayed(), "{method} is protected");
+    }
+    let put = [("idempotency-key", "PUT")];
+    client.send("PUT", "/anything", &put, "x").await;
+    assert!(
+        !client.send("PUT", "/anything", &put, "x").await.replayed(),
+        "PUT passes through"
+    );
+    assert_eq!(upstream.executions(), 4);
+    proxy.stop().await;
+}
+
 on_both_stores!(
     retry_after_completion_replays,
     other_amount_is_rejected_other_client_executes,
     canonical_json_and_fields_replay,
     upstream_errors_are_stored,
     unprotected_requests_pass_through,
-    derived_key_goes_to_the_configured_header
+    derived_key_goes_to_the_configured_header,
+    configured_headers_are_replayed,
+    implicit_routes_protect_post_and_patch,
 );

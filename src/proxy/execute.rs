@@ -19,10 +19,10 @@ use tokio::time::{Instant, sleep, sleep_until, timeout_at};
 
 use super::body::{BoxError, Prefixed, ProxyBody, boxed, empty, full};
 use super::forward::{ForwardError, UpstreamBody};
-use super::headers::{decode_stored, encode_stored, strip_hop_by_hop};
+use super::headers::{client_head, decode_stored, encode_stored};
 use super::key::derived_key;
 use super::observe::Observed;
-use super::service::{Shared, drop_length, error_chain};
+use super::service::{Shared, error_chain};
 use crate::config::{Ambiguous, OnConflict, Policy, RecoveryProbe, Route};
 use crate::fingerprint::Fingerprint;
 use crate::metrics::{KindLabel, Metrics, RouteLabel, RouteName};
@@ -236,9 +236,9 @@ pub(crate) async fn run<S: KeyStore>(
                 }
             },
             Upstream::Answered { mut head, body } => {
-                strip_hop_by_hop(&mut head.headers);
-                drop_length(&mut head.headers);
-                head.version = http::Version::default();
+                client_head(&mut head);
+                // The body is sent whole: hyper sets Content-Length from it.
+                head.headers.remove(http::header::CONTENT_LENGTH);
                 let status = head.status.as_u16();
                 let ambiguous = policy.ambiguous_statuses.contains(&status);
                 if ambiguous && policy.on_ambiguous == Ambiguous::Keep {
@@ -273,8 +273,7 @@ pub(crate) async fn run<S: KeyStore>(
                 prefix,
                 rest,
             } => {
-                strip_hop_by_hop(&mut head.headers);
-                head.version = http::Version::default();
+                client_head(&mut head);
                 let completion = Completion::NotReplayable {
                     status: head.status.as_u16(),
                 };

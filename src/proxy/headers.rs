@@ -32,6 +32,13 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Readies an upstream answer's head for the client: hop-by-hop headers stripped, and
+/// sent in the client connection's own HTTP version, whatever the upstream spoke.
+pub fn client_head(head: &mut http::response::Parts) {
+    strip_hop_by_hop(&mut head.headers);
+    head.version = http::Version::default();
+}
+
 /// Sets `X-Forwarded-For` (appended), `-Proto` and `-Host` for the upstream.
 pub fn set_forwarded(
     headers: &mut HeaderMap,

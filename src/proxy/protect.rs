@@ -42,23 +42,29 @@ where
         Ok(job) => job,
         Err(err) => return ("rejected", Err(err)),
     };
-    // Logs carry a short hash of (client, key), never either in clear.
-    let tag = hex(&Sha256::digest(derived_key(&job.client_id, &job.key).as_bytes())[..6]);
-    let client = hex(&Sha256::digest(job.client_id.as_bytes())[..4]);
+    // Logs carry short hashes of the client and of (client, key), never either in clear;
+    // hashed only when the line will be written.
+    let tags = tracing::enabled!(tracing::Level::INFO).then(|| {
+        let client = hex(&Sha256::digest(job.client_id.as_bytes())[..4]);
+        let key = hex(&Sha256::digest(derived_key(&job.client_id, &job.key).as_bytes())[..6]);
+        (client, key)
+    });
     let (tx, rx) = oneshot::channel();
     shared.tasks.spawn(run(Arc::clone(shared), job, tx));
     let (outcome, result) = match rx.await {
         Ok(answer) => answer,
         Err(_) => (Outcome::Failed, Err(ProxyError::Internal)),
     };
-    tracing::info!(
-        route = %route.name,
-        client = %client,
-        key = %tag,
-        outcome = outcome.as_str(),
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "protected request"
-    );
+    if let Some((client, key)) = tags {
+        tracing::info!(
+            route = %route.name,
+            client = %client,
+            key = %key,
+            outcome = outcome.as_str(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "protected request"
+        );
+    }
     (outcome.as_str(), result)
 }
 

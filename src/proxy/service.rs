@@ -6,13 +6,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{Request, Response, header};
+use http::{Request, Response};
 use http_body::Body;
 use tokio_util::task::TaskTracker;
 
 use super::body::{BoxError, ProxyBody, boxed};
 use super::forward::{ForwardError, Forwarder};
-use super::headers::strip_hop_by_hop;
+use super::headers::client_head;
 use super::key::parse_key;
 use super::protect;
 use crate::config::Config;
@@ -182,8 +182,7 @@ impl<S: KeyStore> Proxy<S> {
         let (kind, err) = match tokio::time::timeout(timeout, forwarder.send(upstream_req)).await {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
-                strip_hop_by_hop(&mut parts.headers);
-                parts.version = http::Version::default();
+                client_head(&mut parts);
                 return (
                     route,
                     "passed_through",
@@ -213,9 +212,4 @@ pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
-}
-
-/// Removes `Content-Length` so that hyper sets it from the body actually sent.
-pub(crate) fn drop_length(headers: &mut http::HeaderMap) {
-    headers.remove(header::CONTENT_LENGTH);
 }

@@ -140,7 +140,12 @@ impl PgStore {
         self.bounded(async {
             let client = self.pool.get().await?;
             let stmt = client.prepare_cached(sql).await?;
-            let payload = crate::proxy::hex(&fence.key_id());
+            // Hashed only when someone may be waiting; otherwise the statement skips NOTIFY.
+            let payload = if fence.notify {
+                crate::proxy::hex(&fence.key_id())
+            } else {
+                String::new()
+            };
             let mut params: Vec<&(dyn ToSql + Sync)> =
                 vec![&fence.client_id, &fence.key, &fence.token];
             if notify {

@@ -706,6 +706,14 @@ impl Reply {
         serde_json::from_slice(&self.body).unwrap_or_else(|_| panic!("not JSON: {:?}", self.body))
     }
 
+    /// The problem document's `detail`.
+    pub fn detail(&self) -> String {
+        self.json()["detail"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no detail: {self:?}"))
+            .to_owned()
+    }
+
     pub fn replayed(&self) -> bool {
         self.headers
             .get("idempotent-replayed")
