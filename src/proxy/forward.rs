@@ -1,32 +1,51 @@
-//! Sending requests upstream over a pooled hyper-util client.
+//! Sending requests upstream over a small pool of HTTP/1.1 keep-alive connections.
 //!
 //! The one distinction that matters for idempotency is made here: a connection that could
-//! not be made means nothing was sent (the key can be released); any later failure means
-//! the upstream may have acted (the key must stay in progress).
+//! not be made, or a request the connection refused before writing a byte of it, means
+//! nothing was sent (the key can be released); any later failure means the upstream may
+//! have acted (the key must stay in progress).
+//!
+//! Why an own pool instead of hyper-util's general client: there is exactly one upstream,
+//! so the pool is one stack of idle connections with no per-host map, and a connection goes
+//! back on the stack when its answer's body ends, with no task spawned per request to
+//! watch for that. It also lets the proxy size each connection's read buffer and keep the
+//! number of upstream sockets within `upstream.max_connections`.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body::Body;
+use http_body::{Body, Frame, SizeHint};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tower_service::Service;
 
-use http::uri::PathAndQuery;
+use http::uri::{PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, Uri, header, request};
 use hyper::body::Incoming;
+use hyper::client::conn::http1;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 
 use super::body::{BoxError, ProxyBody};
 use super::headers::{set_forwarded, strip_hop_by_hop};
 use crate::config::UpstreamConfig;
 
+/// How long an unused upstream connection is kept.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Read buffer of an upstream connection: enough for any ordinary head in one read,
+/// small enough that hundreds of connections cost little.
+const READ_BUFFER: usize = 8 * 1024;
+
 /// Why an upstream call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
-    /// No connection could be made: the request was certainly not sent.
+    /// No connection could be made, or the connection refused the request before writing
+    /// it: the request was certainly not sent.
     #[error("could not connect to the upstream: {0}")]
     NotSent(#[source] BoxError),
     /// The connection failed after the request may have been sent.
@@ -37,20 +56,56 @@ pub enum ForwardError {
 /// Forwards requests to the configured upstream.
 #[derive(Clone)]
 pub struct Forwarder {
-    /// Pooled keep-alive client (plain or TLS, by the URL's scheme); cloning shares the pool.
-    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
+    pool: Arc<Pool>,
     /// `X-Forwarded-Proto`: how clients reached this proxy.
     client_proto: &'static str,
     upstream: UpstreamConfig,
+    /// `Host` of every upstream request: the upstream's authority.
+    host: HeaderValue,
+}
+
+/// The upstream's connections: idle ones on a stack, the open ones bounded by permits.
+struct Pool {
+    connector: HttpsConnector<HttpConnector>,
+    origin: Uri,
+    /// Most recently used on top, so a burst's extra connections age out at the bottom.
+    idle: Mutex<VecDeque<Idle>>,
     /// Bounds the requests in flight to the upstream (and so its connections): past it,
     /// requests queue here, within their timeout, instead of opening more sockets.
     permits: Arc<Semaphore>,
 }
 
-/// An upstream answer's body, holding its connection's permit until it is dropped.
+struct Idle {
+    sender: http1::SendRequest<ProxyBody>,
+    since: Instant,
+}
+
+/// A connection lent to one request; it goes back to the pool when the answer's body
+/// has been read to the end and the request's body was sent whole.
+struct Lease {
+    sender: http1::SendRequest<ProxyBody>,
+    pool: Arc<Pool>,
+    request_sent: Arc<AtomicBool>,
+}
+
+/// An upstream answer's body. It holds its connection's permit until it is dropped, and
+/// returns the connection to the pool when it ends.
 pub struct UpstreamBody {
     inner: Incoming,
+    lease: Option<Lease>,
     _permit: OwnedSemaphorePermit,
+}
+
+impl UpstreamBody {
+    fn finish(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            // A request body still being sent (the upstream answered early) keeps its
+            // connection busy: that connection is closed instead of reused.
+            if lease.request_sent.load(Ordering::Acquire) {
+                lease.pool.put(lease.sender);
+            }
+        }
+    }
 }
 
 impl Body for UpstreamBody {
@@ -58,23 +113,114 @@ impl Body for UpstreamBody {
     type Error = hyper::Error;
 
     fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
-        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.finish(),
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.finish(),
+            // An error ends the connection: dropping the lease closes it.
+            Poll::Ready(Some(Err(_))) => self.lease = None,
+            _ => {}
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
         self.inner.is_end_stream()
     }
 
-    fn size_hint(&self) -> http_body::SizeHint {
+    fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
 }
 
+/// The request's body, marking when it has been sent whole (or had nothing to send).
+struct SentBody {
+    inner: ProxyBody,
+    sent: Arc<AtomicBool>,
+}
+
+impl Body for SentBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.sent.store(true, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Pool {
+    /// An idle connection that is ready for a request, if there is one.
+    async fn checkout(&self) -> Option<http1::SendRequest<ProxyBody>> {
+        loop {
+            let Idle { mut sender, since } = self.lock().pop_back()?;
+            if since.elapsed() > IDLE_TIMEOUT || sender.is_closed() {
+                continue;
+            }
+            // Put back when its answer ended; its connection task may not have caught
+            // up yet, which it does at its next poll (or reports the connection closed).
+            if sender.ready().await.is_ok() {
+                return Some(sender);
+            }
+        }
+    }
+
+    fn put(&self, sender: http1::SendRequest<ProxyBody>) {
+        let now = Instant::now();
+        let mut idle = self.lock();
+        while idle
+            .front()
+            .is_some_and(|old| now.duration_since(old.since) > IDLE_TIMEOUT)
+        {
+            idle.pop_front();
+        }
+        idle.push_back(Idle { sender, since: now });
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
+        // The queue stays consistent even if a holder panicked: push and pop only.
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Opens a new connection; its I/O runs in a task of its own.
+    async fn connect(&self) -> Result<http1::SendRequest<ProxyBody>, BoxError> {
+        let mut connector = self.connector.clone();
+        std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
+        let io = connector.call(self.origin.clone()).await?;
+        let (sender, conn) = http1::Builder::new()
+            .read_buf_exact_size(Some(READ_BUFFER))
+            .handshake(io)
+            .await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(cause = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+}
+
 impl Forwarder {
-    /// Builds the client for `upstream`.
+    /// Builds the pool for `upstream`; connections open on first use.
     pub fn new(upstream: UpstreamConfig, client_tls: bool) -> Self {
         let mut http = HttpConnector::new();
         http.set_connect_timeout(Some(upstream.connect_timeout));
@@ -85,17 +231,19 @@ impl Forwarder {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(std::time::Duration::from_secs(30))
-            .pool_max_idle_per_host(upstream.max_connections)
-            .build(connector);
-        let permits = Arc::new(Semaphore::new(upstream.max_connections));
+        let pool = Arc::new(Pool {
+            connector,
+            origin: upstream.origin.clone(),
+            idle: Mutex::new(VecDeque::new()),
+            permits: Arc::new(Semaphore::new(upstream.max_connections)),
+        });
         let client_proto = if client_tls { "https" } else { "http" };
+        let host = host_header(&upstream.origin);
         Self {
-            client,
+            pool,
             client_proto,
             upstream,
-            permits,
+            host,
         }
     }
 
@@ -104,8 +252,8 @@ impl Forwarder {
         &self.upstream
     }
 
-    /// Turns a client request's head into the upstream request: upstream URI, hop-by-hop
-    /// headers stripped, `X-Forwarded-*` set, `Host` left to the client to set.
+    /// Turns a client request's head into the upstream request: the upstream's path in
+    /// origin form, hop-by-hop headers stripped, `X-Forwarded-*` set, `Host` the upstream's.
     pub fn upstream_request(
         &self,
         mut parts: request::Parts,
@@ -119,27 +267,28 @@ impl Forwarder {
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         });
         strip_hop_by_hop(&mut parts.headers);
-        parts.headers.remove(header::HOST);
         set_forwarded(&mut parts.headers, peer, original_host, self.client_proto);
+        parts.headers.insert(header::HOST, self.host.clone());
         parts.uri = self.upstream_uri(&parts.uri);
         parts.version = http::Version::HTTP_11;
         Request::from_parts(parts, body)
     }
 
+    /// The request line's target: the request's own path and query, after the upstream
+    /// URL's path prefix if it has one.
     fn upstream_uri(&self, uri: &Uri) -> Uri {
-        let mut parts = self.upstream.origin.clone().into_parts();
-        parts.path_and_query = if self.upstream.base_path.is_empty() {
+        if self.upstream.base_path.is_empty() {
             // The common case: no prefix, so the request's own path is reused as it is.
-            Some(
-                uri.path_and_query()
-                    .cloned()
-                    .unwrap_or_else(|| PathAndQuery::from_static("/")),
-            )
-        } else {
-            let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
-            format!("{}{pq}", self.upstream.base_path).parse().ok()
-        };
-        Uri::from_parts(parts).unwrap_or_else(|_| self.upstream.origin.clone())
+            let pq = uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/"));
+            return Uri::from(pq);
+        }
+        let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        format!("{}{pq}", self.upstream.base_path)
+            .parse()
+            .unwrap_or_else(|_| Uri::from_static("/"))
     }
 
     /// Sends the request and returns the answer's head; the body streams afterwards.
@@ -147,21 +296,76 @@ impl Forwarder {
         &self,
         req: Request<ProxyBody>,
     ) -> Result<Response<UpstreamBody>, ForwardError> {
-        let Ok(permit) = Arc::clone(&self.permits).acquire_owned().await else {
+        let pool = &self.pool;
+        let Ok(permit) = Arc::clone(&pool.permits).acquire_owned().await else {
             return Err(ForwardError::NotSent(
                 "upstream connection limiter closed".into(),
             ));
         };
-        let resp = self.client.request(req).await.map_err(|e| {
-            if e.is_connect() {
-                ForwardError::NotSent(Box::new(e))
-            } else {
-                ForwardError::Failed(Box::new(e))
+        let (parts, body) = req.into_parts();
+        // hyper never polls a body that reports its end up front (no body at all).
+        let request_sent = Arc::new(AtomicBool::new(body.is_end_stream()));
+        let mut req = Request::from_parts(
+            parts,
+            http_body_util::BodyExt::boxed(SentBody {
+                inner: body,
+                sent: Arc::clone(&request_sent),
+            }),
+        );
+        // A pooled connection the upstream closed while idle refuses the request before
+        // writing it; the request then goes out on another one. A new connection that
+        // refuses it ends the attempt: nothing was sent.
+        loop {
+            let (mut sender, fresh) = match pool.checkout().await {
+                Some(sender) => (sender, false),
+                // Boxed: connecting is rare, and its state would otherwise make every
+                // request's future larger.
+                None => (
+                    Box::pin(pool.connect())
+                        .await
+                        .map_err(ForwardError::NotSent)?,
+                    true,
+                ),
+            };
+            match sender.try_send_request(req).await {
+                Ok(resp) => {
+                    let lease = Lease {
+                        sender,
+                        pool: Arc::clone(pool),
+                        request_sent,
+                    };
+                    let (parts, inner) = resp.into_parts();
+                    let mut body = UpstreamBody {
+                        inner,
+                        lease: Some(lease),
+                        _permit: permit,
+                    };
+                    if body.inner.is_end_stream() {
+                        body.finish();
+                    }
+                    return Ok(Response::from_parts(parts, body));
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(back) if !fresh => req = back,
+                    Some(_) => return Err(ForwardError::NotSent(Box::new(e.into_error()))),
+                    None => return Err(ForwardError::Failed(Box::new(e.into_error()))),
+                },
             }
-        })?;
-        Ok(resp.map(|inner| UpstreamBody {
-            inner,
-            _permit: permit,
-        }))
+        }
     }
+}
+
+/// `Host` for requests to `origin`: its host, and its port unless the scheme's default.
+fn host_header(origin: &Uri) -> HeaderValue {
+    let host = origin.host().unwrap_or("localhost");
+    let default_port = if origin.scheme() == Some(&Scheme::HTTPS) {
+        443
+    } else {
+        80
+    };
+    let value = match origin.port_u16() {
+        Some(port) if port != default_port => format!("{host}:{port}"),
+        _ => host.to_owned(),
+    };
+    HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("localhost"))
 }

@@ -155,8 +155,16 @@ impl<S: KeyStore> Proxy<S> {
                 return (&route.name, "rejected", Err(err));
             }
         };
-        let (outcome, result) =
-            protect::protect(&self.shared, Arc::clone(route), key, req, peer).await;
+        // Boxed: the protected path's state is large, and every request's future (pass
+        // through included) would otherwise be as large as it.
+        let (outcome, result) = Box::pin(protect::protect(
+            &self.shared,
+            Arc::clone(route),
+            key,
+            req,
+            peer,
+        ))
+        .await;
         (&route.name, outcome, result)
     }
 

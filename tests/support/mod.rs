@@ -248,6 +248,9 @@ pub struct Behavior {
     pub dedupe: bool,
     /// Pad the answer to at least this many bytes.
     pub pad_to: usize,
+    /// Close a keep-alive connection silently after it has been idle this long (read
+    /// when the connection is accepted).
+    pub idle_close: Option<Duration>,
 }
 
 impl Default for Behavior {
@@ -257,6 +260,7 @@ impl Default for Behavior {
             status: 201,
             dedupe: false,
             pad_to: 0,
+            idle_close: None,
         }
     }
 }
@@ -283,6 +287,10 @@ struct UpstreamState {
     finished: AtomicUsize,
     /// Recovery probes answered (`/probe/{key}`), not counted as executions.
     probes: AtomicUsize,
+    /// Connections accepted, open now, and open at most at once.
+    accepted: AtomicUsize,
+    open: AtomicUsize,
+    most_open: AtomicUsize,
 }
 
 /// A real HTTP upstream on 127.0.0.1 that counts executions.
@@ -312,11 +320,24 @@ impl Upstream {
                     continue;
                 };
                 let st = Arc::clone(&st);
+                st.accepted.fetch_add(1, Ordering::SeqCst);
+                let open = st.open.fetch_add(1, Ordering::SeqCst) + 1;
+                st.most_open.fetch_max(open, Ordering::SeqCst);
+                let idle_close = st.behavior.lock().unwrap().idle_close;
                 tokio::spawn(async move {
-                    let svc = service_fn(move |req| handle_upstream(Arc::clone(&st), req));
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let st2 = Arc::clone(&st);
+                    let svc = service_fn(move |req| handle_upstream(Arc::clone(&st2), req));
+                    let mut builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    if let Some(idle) = idle_close {
+                        // hyper's head timeout also bounds the wait for the next request.
+                        builder
+                            .http1()
+                            .timer(hyper_util::rt::TokioTimer::new())
+                            .header_read_timeout(idle);
+                    }
+                    let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+                    st.open.fetch_sub(1, Ordering::SeqCst);
                 });
             }
         });
@@ -357,6 +378,16 @@ impl Upstream {
 
     pub fn seen(&self) -> Vec<Seen> {
         self.state.seen.lock().unwrap().clone()
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.state.accepted.load(Ordering::SeqCst)
+    }
+
+    /// The most connections that were open at once.
+    pub fn most_open_connections(&self) -> usize {
+        self.state.most_open.load(Ordering::SeqCst)
     }
 
     pub fn set(&self, behavior: Behavior) {
