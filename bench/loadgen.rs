@@ -143,6 +143,51 @@ impl Shared {
     }
 }
 
+/// Sends at a constant rate. tokio's timer ticks in whole milliseconds, which would send
+/// the requests of each millisecond in one burst and charge every one of them up to 1 ms
+/// of the generator's own lateness; so a plain OS thread paces the sends with
+/// `thread::sleep` (timer slack lowered to 1 µs where the kernel allows) and hands each
+/// request to the runtime at its intended time.
+async fn open_loop(shared: &Arc<Shared>, start: Instant, rate: f64) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(shared.args.max_in_flight));
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let runtime = tokio::runtime::Handle::current();
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let pacer_shared = Arc::clone(shared);
+    let pacer = std::thread::spawn(move || {
+        // Best effort: the default slack (50 µs) makes sleeps that much late.
+        let _ = std::fs::write("/proc/thread-self/timerslack_ns", "1000");
+        let start = start.into_std();
+        let until = pacer_shared.measure_until.into_std();
+        let mut i: u32 = 0;
+        loop {
+            let intended = start + interval * i;
+            if intended >= until {
+                break;
+            }
+            let now = std::time::Instant::now();
+            if intended > now {
+                std::thread::sleep(intended - now);
+            }
+            let (shared, permits, done) = (
+                Arc::clone(&pacer_shared),
+                Arc::clone(&permits),
+                done_tx.clone(),
+            );
+            runtime.spawn(async move {
+                // Waiting for a permit delays the send, and that delay counts as latency.
+                let permit = permits.acquire_owned().await.unwrap();
+                shared.one(Instant::from_std(intended)).await;
+                drop((permit, done));
+            });
+            i += 1;
+        }
+    });
+    // Every task holds a sender: the channel closes when the pacer and all sends are done.
+    while done_rx.recv().await.is_some() {}
+    pacer.join().unwrap();
+}
+
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
@@ -168,27 +213,7 @@ async fn main() {
     });
 
     if let Some(rate) = args.rate {
-        let permits = Arc::new(tokio::sync::Semaphore::new(args.max_in_flight));
-        let interval = Duration::from_secs_f64(1.0 / rate);
-        let mut i: u32 = 0;
-        let mut tasks = tokio::task::JoinSet::new();
-        loop {
-            let intended = start + interval * i;
-            if intended >= measure_until {
-                break;
-            }
-            tokio::time::sleep_until(intended).await;
-            // Waiting for a permit delays the send, and that delay counts as latency.
-            let permit = Arc::clone(&permits).acquire_owned().await.unwrap();
-            let shared = Arc::clone(&shared);
-            tasks.spawn(async move {
-                shared.one(intended).await;
-                drop(permit);
-            });
-            while tasks.try_join_next().is_some() {}
-            i += 1;
-        }
-        while tasks.join_next().await.is_some() {}
+        open_loop(&shared, start, rate).await;
     } else {
         let workers = args.concurrency.unwrap_or(16);
         let mut tasks = tokio::task::JoinSet::new();

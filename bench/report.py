@@ -1,14 +1,31 @@
-"""Turns bench/run's JSON lines into one Markdown table with the ratios the issue asks for."""
+"""Turns bench/run's JSON lines into one Markdown table with the ratios the issue asks for.
+
+A case run in several rounds (interleaved with the cases it is compared with) is reported
+by its median round; the range of its rates across rounds shows the machine's noise.
+"""
 import json
 import platform
+import statistics
 import subprocess
 import sys
 
-results_path, peak_pg, peak_em, hot, conc, dur, rate = sys.argv[1:8]
-rows = {}
+results_path, hot, conc, dur, rate, rounds = sys.argv[1:7]
+runs = {}
 for line in open(results_path):
     d = json.loads(line)
-    rows[d["label"]] = d
+    runs.setdefault(d["label"], []).append(d)
+
+
+def median_run(label):
+    """The round with the median rate (the lower middle one for an even count); for
+    open-loop cases, where every round sends at the same rate, the median p50."""
+    rs = runs.get(label, [])
+    key = "p50_ms" if rs and rs[0].get("mode") == "open" else "rps"
+    rs = sorted(rs, key=lambda d: d[key])
+    return rs[(len(rs) - 1) // 2] if rs else {}
+
+
+rows = {label: median_run(label) for label in runs}
 
 
 def rps(label):
@@ -20,30 +37,51 @@ def cell(label, key, fmt="{:.2f}"):
     return "–" if v is None else fmt.format(v)
 
 
+def spread(label):
+    rs = [d["rps"] for d in runs.get(label, [])]
+    return f"{min(rs):.0f}–{max(rs):.0f}" if len(rs) > 1 else ""
+
+
 cpu = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"], capture_output=True, text=True).stdout.strip()
-print(f"# idemproxy benchmark\n")
+print("# idemproxy benchmark\n")
 print(f"Machine: {cpu or platform.processor()}, {subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores; "
-      f"load generator on the same machine. {conc} connections, {dur} s per case.\n")
-print("| case | mode | req/s | p50 ms | p99 ms | p99.9 ms | errors | idemproxy CPU share |")
-print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+      f"load generator on the same machine. {conc} connections, {dur} s per case; the cases that are "
+      f"compared with each other ran {rounds} interleaved rounds (median round shown, range of rates beside it).\n")
+print("| case | mode | req/s | range | p50 ms | p99 ms | p99.9 ms | errors | idemproxy CPU share | idemproxy peak RSS MiB |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for label, d in rows.items():
     share = d.get("cpu_share")
-    print(f"| {label} | {d.get('mode', '')} | {d['rps']:.0f} | {cell(label, 'p50_ms')} | {cell(label, 'p99_ms')} | "
-          f"{cell(label, 'p999_ms')} | {d.get('errors', '–')} | {'–' if share is None else f'{share:.0%}'} |")
+    peak = d.get("peak_rss_kib")
+    print(f"| {label} | {d.get('mode', '')} | {d['rps']:.0f} | {spread(label)} | {cell(label, 'p50_ms')} | "
+          f"{cell(label, 'p99_ms')} | {cell(label, 'p999_ms')} | {d.get('errors', '–')} | "
+          f"{'–' if share is None else f'{share:.0%}'} | {'–' if peak is None else f'{peak / 1024:.1f}'} |")
 
 
 def ratio(a, b):
     return f"{rps(a) / rps(b):.2f}" if rps(b) else "–"
 
 
-added = rows.get("passthrough-open", {}).get("p50_ms", 0) - rows.get("direct-open", {}).get("p50_ms", 0)
+def added_p50():
+    """Median over rounds of (pass-through p50 − direct p50), each pair from one round."""
+    pt = runs.get("passthrough-open", [])
+    di = runs.get("direct-open", [])
+    diffs = [p["p50_ms"] - d["p50_ms"] for p, d in zip(pt, di)]
+    return f"{statistics.median(diffs):.3f}" if diffs else "–"
+
+
+def peak(label):
+    v = rows.get(label, {}).get("peak_rss_kib")
+    return "–" if v is None else f"{v / 1024:.1f}"
+
+
 print()
 print("| ratio | value | target |")
 print("| --- | ---: | ---: |")
 print(f"| keyed (PostgreSQL) / pgbench pair | {ratio('keyed-pg', 'pgbench-pair')} | ≥ 0.5 |")
 print(f"| replay (PostgreSQL) / pgbench replay | {ratio('replay-pg', 'pgbench-replay')} | ≥ 0.5 |")
 print(f"| pass-through / nginx | {ratio('passthrough', 'nginx')} | ≥ 0.9 |")
-print(f"| pass-through added p50 at {rate} req/s (ms) | {added:.3f} | ≤ 0.2 |")
-print(f"| idemproxy peak RSS, PostgreSQL store (MiB) | {int(peak_pg) / 1024:.1f} | ≤ 64 |")
-print(f"| idemproxy peak RSS, embedded store (MiB) | {int(peak_em) / 1024:.1f} | |")
+print(f"| pass-through added p50 at {rate} req/s (ms) | {added_p50()} | ≤ 0.2 |")
+print(f"| idemproxy peak RSS, 1,000 pass-through connections (MiB) | {peak('passthrough-1000conn')} | ≤ 64 |")
+print(f"| idemproxy peak RSS, 1,000 keyed connections, PostgreSQL (MiB) | {peak('keyed-pg-1000conn')} | ≤ 64 |")
+print(f"| idemproxy peak RSS, 1,000 keyed connections, embedded (MiB) | {peak('keyed-embedded-1000conn')} | ≤ 64 |")
 print(f"| completions as HOT updates | {hot} | |")
