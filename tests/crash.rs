@@ -97,8 +97,9 @@ async fn sigkill_mid_flight_then_takeover_charges_once(db: Backend) {
     );
 }
 
-/// SIGTERM while the upstream works: the call finishes, its answer is stored and sent, and
-/// the process exits 0.
+/// SIGTERM while the upstream works on requests from several connections (spread over the
+/// server's threads): every call finishes, its answer is stored and sent, and the process
+/// exits 0.
 async fn sigterm_drains_in_flight_requests(db: Backend) {
     let upstream = Upstream::spawn(Behavior {
         delay: Duration::from_millis(1500),
@@ -106,19 +107,26 @@ async fn sigterm_drains_in_flight_requests(db: Backend) {
     })
     .await;
     let mut proxy = ProxyProcess::spawn(&short_lease(), &upstream, &db).await;
-    let client = client_for(proxy.addr);
-    let in_flight = {
-        let client = client.clone();
-        tokio::spawn(async move { client.post("/payments", "shop-1", "term-1", BODY).await })
-    };
-    upstream.wait_executions(1).await;
+    let mut in_flight = Vec::new();
+    for i in 0..8 {
+        // A client of its own: a connection of its own.
+        let client = client_for(proxy.addr);
+        in_flight.push(tokio::spawn(async move {
+            client
+                .post("/payments", "shop-1", &format!("term-{i}"), BODY)
+                .await
+        }));
+    }
+    upstream.wait_executions(8).await;
     proxy.terminate();
 
-    let reply = in_flight.await.unwrap();
-    assert_eq!(
-        reply.status, 201,
-        "the in-flight request was finished, not cut"
-    );
+    for reply in in_flight {
+        let reply = reply.await.unwrap();
+        assert_eq!(
+            reply.status, 201,
+            "the in-flight request was finished, not cut"
+        );
+    }
     let status = tokio::time::timeout(Duration::from_secs(20), proxy.child.wait())
         .await
         .unwrap()
@@ -128,10 +136,12 @@ async fn sigterm_drains_in_flight_requests(db: Backend) {
         "exit status {status:?}; log:\n{}",
         proxy.log_text()
     );
-    let row = db.lookup("shop-1", "term-1").await.unwrap();
-    assert_eq!(row.status, "done");
-    assert_eq!(row.response_status, Some(201));
-    assert_eq!(upstream.executions(), 1);
+    for i in 0..8 {
+        let row = db.lookup("shop-1", &format!("term-{i}")).await.unwrap();
+        assert_eq!(row.status, "done");
+        assert_eq!(row.response_status, Some(201));
+    }
+    assert_eq!(upstream.executions(), 8);
 }
 
 /// A completed key survives the process being SIGKILLed: a new process on the same store
