@@ -120,3 +120,32 @@ on_both_stores!(
     fifty_duplicates_of_twenty_keys,
     slow_upstream_keeps_its_lease
 );
+
+/// A burst of 200 concurrent keyed requests on the embedded store: each executes exactly
+/// once, and the store's single connection is queued for as futures, not by a blocked
+/// thread per request (the blocking pool would otherwise grow to ~200 threads).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_burst_does_not_hold_a_thread_per_request() {
+    let db = Backend::embedded();
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    const BODY: &str = r#"{"amount":1,"currency":"RUB","recipient":"r","purpose":"p"}"#;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let client = client.clone();
+        tasks.spawn(async move {
+            client
+                .post("/payments", "shop-1", &format!("b{i}"), BODY)
+                .await
+        });
+    }
+    while let Some(reply) = tasks.join_next().await {
+        assert_eq!(reply.unwrap().status, 201);
+    }
+    assert_eq!(upstream.executions(), 200);
+    // Idle blocking-pool threads linger for 10 s, so the count still shows the burst.
+    let threads = std::fs::read_dir("/proc/self/task").unwrap().count();
+    assert!(threads < 60, "{threads} threads after the burst");
+    proxy.stop().await;
+}
