@@ -82,15 +82,10 @@ enum LogFormat {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(cli.common.log_format);
-    // `serve` runs its own threads (server::run_threaded), one per core; this thread is
-    // the first of them. Every other command gets the usual work-stealing runtime.
-    let serving = matches!(cli.command, None | Some(Command::Serve));
-    let mut builder = if serving {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-    };
-    let runtime = match builder.enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("idemproxy: cannot start the runtime: {e}");
@@ -213,16 +208,6 @@ async fn apply_migrations(store: &PgStore) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Server threads: `TOKIO_WORKER_THREADS` if set, else one per core.
-fn server_threads() -> usize {
-    std::env::var("TOKIO_WORKER_THREADS")
-        .ok()
-        .and_then(|n| n.trim().parse().ok())
-        .filter(|&n: &usize| n > 0)
-        .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
-        .unwrap_or(1)
-}
-
 async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> {
     let store = AnyStore::open(&config.store).context("opening the store")?;
     match &store {
@@ -283,15 +268,13 @@ async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> 
         config.sweep_batch,
         Arc::clone(proxy.metrics()),
     ));
-    idemproxy::server::run_threaded(
+    idemproxy::server::run(
         listener,
         proxy,
         idemproxy::shutdown::signal(),
         config.shutdown_grace,
-        server_threads(),
     )
-    .await
-    .context("starting the server threads")?;
+    .await;
     sweeper.abort();
     drop(stop);
     let _ = admin.await;

@@ -29,73 +29,6 @@ pub async fn run<S: KeyStore>(
     shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) {
-    let slots = Arc::new(Semaphore::new(proxy.config().limits.max_connections));
-    serve(listener, proxy, shutdown, grace, slots).await;
-}
-
-/// Like [`run`], on `threads` threads: this one and `threads - 1` more, each with its own
-/// single-threaded runtime and its own upstream pool, all accepting from the one listener
-/// and sharing the store, the metrics and `limits.max_connections`.
-///
-/// Why: on a work-stealing runtime a request's tasks (client connection, upstream
-/// connection, execution) wake each other across threads, and each such wake-up is a
-/// system call; here a connection and everything it starts stay on the thread that
-/// accepted it, as in nginx's worker model.
-pub async fn run_threaded<S: KeyStore + Clone>(
-    listener: TcpListener,
-    proxy: Proxy<S>,
-    shutdown: impl Future<Output = ()>,
-    grace: Duration,
-    threads: usize,
-) -> std::io::Result<()> {
-    let slots = Arc::new(Semaphore::new(proxy.config().limits.max_connections));
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let listener = listener.into_std()?;
-    let mut finished = Vec::new();
-    for n in 1..threads.max(1) {
-        let listener = listener.try_clone()?;
-        let (proxy, slots, mut stopped) = (proxy.sibling(), Arc::clone(&slots), stopped.clone());
-        let (done, finished_one) = tokio::sync::oneshot::channel::<()>();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        std::thread::Builder::new()
-            .name(format!("idemproxy-worker-{n}"))
-            .spawn(move || {
-                runtime.block_on(async move {
-                    match TcpListener::from_std(listener) {
-                        Ok(listener) => {
-                            let shutdown = async move {
-                                let _ = stopped.wait_for(|stop| *stop).await;
-                            };
-                            serve(listener, proxy, shutdown, grace, slots).await;
-                        }
-                        Err(e) => tracing::error!(cause = %e, "worker thread cannot listen"),
-                    }
-                });
-                let _ = done.send(());
-            })?;
-        finished.push(finished_one);
-    }
-    let listener = TcpListener::from_std(listener)?;
-    let shutdown = async move {
-        shutdown.await;
-        let _ = stop.send(true);
-    };
-    serve(listener, proxy, shutdown, grace, slots).await;
-    for one in finished {
-        let _ = one.await;
-    }
-    Ok(())
-}
-
-async fn serve<S: KeyStore>(
-    listener: TcpListener,
-    proxy: Proxy<S>,
-    shutdown: impl Future<Output = ()>,
-    grace: Duration,
-    slots: Arc<Semaphore>,
-) {
     let limits = proxy.config().limits;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -105,6 +38,7 @@ async fn serve<S: KeyStore>(
         // The read buffer bounds a request head: larger gets 431.
         .max_buf_size(limits.max_header_bytes);
     // Past the limit, connections wait in the kernel's accept queue instead of being served.
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     // TLS on the listener when configured; HTTP/2 is offered by ALPN.
     let acceptor = proxy

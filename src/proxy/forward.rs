@@ -247,24 +247,6 @@ impl Forwarder {
         }
     }
 
-    /// A forwarder with its own pool of connections, sharing this one's connection limit:
-    /// for a server thread of its own, whose requests then use connections driven on
-    /// that thread.
-    pub fn sibling(&self) -> Self {
-        let pool = Arc::new(Pool {
-            connector: self.pool.connector.clone(),
-            origin: self.pool.origin.clone(),
-            idle: Mutex::new(VecDeque::new()),
-            permits: Arc::clone(&self.pool.permits),
-        });
-        Self {
-            pool,
-            client_proto: self.client_proto,
-            upstream: self.upstream.clone(),
-            host: self.host.clone(),
-        }
-    }
-
     /// The upstream settings (timeouts).
     pub fn upstream(&self) -> &UpstreamConfig {
         &self.upstream

@@ -616,8 +616,8 @@ impl ProxyProcess {
             .arg(format!("127.0.0.1:{port}"))
             .env_remove("DATABASE_URL")
             .env("RUST_LOG", "info")
-            // Several server threads whatever the machine, so that connections (and the
-            // drain on SIGTERM) are spread over threads as in production.
+            // Several runtime worker threads whatever the machine, so that connections
+            // (and the drain on SIGTERM) are spread over threads as in production.
             .env("TOKIO_WORKER_THREADS", "3")
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
