@@ -39,7 +39,7 @@ def cell(label, key, fmt="{:.2f}"):
 
 def spread(label):
     rs = [d["rps"] for d in runs.get(label, [])]
-    return f"{min(rs):.0f}–{max(rs):.0f}" if len(rs) > 1 else ""
+    return f"{min(rs):.0f}–{max(rs):.0f}" if len(rs) > 1 and min(rs) != max(rs) else ""
 
 
 cpu = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"], capture_output=True, text=True).stdout.strip()

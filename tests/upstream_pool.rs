@@ -45,18 +45,10 @@ async fn connections_stay_within_the_limit(db: Backend) {
     let yaml = PAYMENTS.replace("  timeout: 10s\n", "  timeout: 10s\n  max_connections: 4\n");
     let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
     let client = TestClient::new(&proxy);
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..40 {
-        let client = client.clone();
-        tasks.spawn(async move {
-            client
-                .post("/payments", "shop-1", &format!("k{i}"), BODY)
-                .await
-        });
-    }
-    while let Some(reply) = tasks.join_next().await {
-        assert_eq!(reply.unwrap().status, 201);
-    }
+    let replies = client
+        .post_each_key_at_once(40, "/payments", "shop-1", "k", BODY)
+        .await;
+    assert!(replies.iter().all(|r| r.status == 201), "{replies:?}");
     assert_eq!(upstream.executions(), 40);
     assert!(
         upstream.most_open_connections() <= 4,

@@ -76,14 +76,14 @@ struct Pool {
 }
 
 struct Idle {
-    sender: http1::SendRequest<ProxyBody>,
+    sender: http1::SendRequest<SentBody>,
     since: Instant,
 }
 
 /// A connection lent to one request; it goes back to the pool when the answer's body
 /// has been read to the end and the request's body was sent whole.
 struct Lease {
-    sender: http1::SendRequest<ProxyBody>,
+    sender: http1::SendRequest<SentBody>,
     pool: Arc<Pool>,
     request_sent: Arc<AtomicBool>,
 }
@@ -137,6 +137,7 @@ impl Body for UpstreamBody {
 }
 
 /// The request's body, marking when it has been sent whole (or had nothing to send).
+/// The pool's connections take it as it is, so it is not boxed a second time.
 struct SentBody {
     inner: ProxyBody,
     sent: Arc<AtomicBool>,
@@ -168,7 +169,7 @@ impl Body for SentBody {
 
 impl Pool {
     /// An idle connection that is ready for a request, if there is one.
-    async fn checkout(&self) -> Option<http1::SendRequest<ProxyBody>> {
+    async fn checkout(&self) -> Option<http1::SendRequest<SentBody>> {
         loop {
             let Idle { mut sender, since } = self.lock().pop_back()?;
             if since.elapsed() > IDLE_TIMEOUT || sender.is_closed() {
@@ -182,7 +183,7 @@ impl Pool {
         }
     }
 
-    fn put(&self, sender: http1::SendRequest<ProxyBody>) {
+    fn put(&self, sender: http1::SendRequest<SentBody>) {
         let now = Instant::now();
         let mut idle = self.lock();
         while idle
@@ -202,7 +203,7 @@ impl Pool {
     }
 
     /// Opens a new connection; its I/O runs in a task of its own.
-    async fn connect(&self) -> Result<http1::SendRequest<ProxyBody>, BoxError> {
+    async fn connect(&self) -> Result<http1::SendRequest<SentBody>, BoxError> {
         let mut connector = self.connector.clone();
         std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
         let io = connector.call(self.origin.clone()).await?;
@@ -302,16 +303,12 @@ impl Forwarder {
                 "upstream connection limiter closed".into(),
             ));
         };
-        let (parts, body) = req.into_parts();
         // hyper never polls a body that reports its end up front (no body at all).
-        let request_sent = Arc::new(AtomicBool::new(body.is_end_stream()));
-        let mut req = Request::from_parts(
-            parts,
-            http_body_util::BodyExt::boxed(SentBody {
-                inner: body,
-                sent: Arc::clone(&request_sent),
-            }),
-        );
+        let request_sent = Arc::new(AtomicBool::new(req.body().is_end_stream()));
+        let mut req = req.map(|inner| SentBody {
+            inner,
+            sent: Arc::clone(&request_sent),
+        });
         // A pooled connection the upstream closed while idle refuses the request before
         // writing it; the request then goes out on another one. A new connection that
         // refuses it ends the attempt: nothing was sent.

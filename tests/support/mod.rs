@@ -817,6 +817,30 @@ impl TestClient {
             .expect("proxy answers")
     }
 
+    /// Sends `n` POSTs at once, each with its own key (`{prefix}{i}`), and returns their
+    /// replies.
+    pub async fn post_each_key_at_once(
+        &self,
+        n: usize,
+        path: &str,
+        client_id: &str,
+        prefix: &str,
+        body: &str,
+    ) -> Vec<Reply> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..n {
+            let (this, path, client_id, key, body) = (
+                self.clone(),
+                path.to_owned(),
+                client_id.to_owned(),
+                format!("{prefix}{i}"),
+                body.to_owned(),
+            );
+            tasks.spawn(async move { this.post(&path, &client_id, &key, &body).await });
+        }
+        tasks.join_all().await
+    }
+
     /// Retries `post` while it answers 409 (a lease still held), for up to 20 s.
     pub async fn post_until_settled(
         &self,
