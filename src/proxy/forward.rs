@@ -10,8 +10,15 @@
 //! back on the stack when its answer's body ends, with no task spawned per request to
 //! watch for that. It also lets the proxy size each connection's read buffer and keep the
 //! number of upstream sockets within `upstream.max_connections`.
+//!
+//! A connection has no task of its own either: whoever holds it drives its I/O (the
+//! request's future until the answer's head, then the answer's body). A request and its
+//! upstream exchange so run in one task with no hand-over between tasks, which is most of
+//! what a pass-through request costs beyond the system calls. An idle connection is not
+//! polled at all; one the upstream closed meanwhile is found out when it is next used.
 
 use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -75,15 +82,48 @@ struct Pool {
     permits: Arc<Semaphore>,
 }
 
-struct Idle {
+/// The transport of an upstream connection (plain TCP or TLS).
+type Io = <HttpsConnector<HttpConnector> as Service<Uri>>::Response;
+
+/// One upstream connection: the handle requests are sent on and the connection's I/O,
+/// which runs only while its holder polls it.
+struct Conn {
     sender: http1::SendRequest<SentBody>,
+    /// `None` once the connection has ended (closed or failed). Dropping it drops what
+    /// was queued on it, so a request it never wrote is handed back to its sender.
+    io: Option<http1::Connection<Io, SentBody>>,
+}
+
+impl Conn {
+    /// Moves the connection's I/O forward as far as it can go now, and arranges for the
+    /// current task to be woken when it can go further.
+    fn drive(&mut self, cx: &mut Context<'_>) {
+        let Some(io) = self.io.as_mut() else {
+            return;
+        };
+        if let Poll::Ready(result) = Pin::new(io).poll(cx) {
+            self.io = None;
+            if let Err(e) = result {
+                tracing::debug!(cause = %e, "upstream connection ended with an error");
+            }
+        }
+    }
+
+    fn ended(&self) -> bool {
+        self.io.is_none()
+    }
+}
+
+struct Idle {
+    conn: Box<Conn>,
     since: Instant,
 }
 
 /// A connection lent to one request; it goes back to the pool when the answer's body
 /// has been read to the end and the request's body was sent whole.
 struct Lease {
-    sender: http1::SendRequest<SentBody>,
+    /// Boxed: the connection's state is large and changes hands on every request.
+    conn: Box<Conn>,
     pool: Arc<Pool>,
     request_sent: Arc<AtomicBool>,
 }
@@ -101,8 +141,8 @@ impl UpstreamBody {
         if let Some(lease) = self.lease.take() {
             // A request body still being sent (the upstream answered early) keeps its
             // connection busy: that connection is closed instead of reused.
-            if lease.request_sent.load(Ordering::Acquire) {
-                lease.pool.put(lease.sender);
+            if lease.request_sent.load(Ordering::Acquire) && !lease.conn.ended() {
+                lease.pool.put(lease.conn);
             }
         }
     }
@@ -116,6 +156,10 @@ impl Body for UpstreamBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        // The body's bytes arrive only while its connection's I/O is driven.
+        if let Some(lease) = self.lease.as_mut() {
+            lease.conn.drive(cx);
+        }
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(None) => self.finish(),
@@ -168,22 +212,18 @@ impl Body for SentBody {
 }
 
 impl Pool {
-    /// An idle connection that is ready for a request, if there is one.
-    async fn checkout(&self) -> Option<http1::SendRequest<SentBody>> {
-        loop {
-            let Idle { mut sender, since } = self.lock().pop_back()?;
-            if since.elapsed() > IDLE_TIMEOUT || sender.is_closed() {
-                continue;
-            }
-            // Put back when its answer ended; its connection task may not have caught
-            // up yet, which it does at its next poll (or reports the connection closed).
-            if sender.ready().await.is_ok() {
-                return Some(sender);
+    /// The most recently used idle connection, if there is one that is not too old.
+    fn checkout(&self) -> Option<Box<Conn>> {
+        let mut idle = self.lock();
+        while let Some(Idle { conn, since }) = idle.pop_back() {
+            if since.elapsed() <= IDLE_TIMEOUT && !conn.ended() {
+                return Some(conn);
             }
         }
+        None
     }
 
-    fn put(&self, sender: http1::SendRequest<SentBody>) {
+    fn put(&self, conn: Box<Conn>) {
         let now = Instant::now();
         let mut idle = self.lock();
         while idle
@@ -192,7 +232,7 @@ impl Pool {
         {
             idle.pop_front();
         }
-        idle.push_back(Idle { sender, since: now });
+        idle.push_back(Idle { conn, since: now });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
@@ -202,21 +242,19 @@ impl Pool {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Opens a new connection; its I/O runs in a task of its own.
-    async fn connect(&self) -> Result<http1::SendRequest<SentBody>, BoxError> {
+    /// Opens a new connection; its I/O runs when its holder drives it.
+    async fn connect(&self) -> Result<Box<Conn>, BoxError> {
         let mut connector = self.connector.clone();
-        std::future::poll_fn(|cx| connector.poll_ready(cx)).await?;
+        poll_fn(|cx| connector.poll_ready(cx)).await?;
         let io = connector.call(self.origin.clone()).await?;
-        let (sender, conn) = http1::Builder::new()
+        let (sender, io) = http1::Builder::new()
             .read_buf_exact_size(Some(READ_BUFFER))
             .handshake(io)
             .await?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(cause = %e, "upstream connection ended with an error");
-            }
-        });
-        Ok(sender)
+        Ok(Box::new(Conn {
+            sender,
+            io: Some(io),
+        }))
     }
 }
 
@@ -313,8 +351,8 @@ impl Forwarder {
         // writing it; the request then goes out on another one. A new connection that
         // refuses it ends the attempt: nothing was sent.
         loop {
-            let (mut sender, fresh) = match pool.checkout().await {
-                Some(sender) => (sender, false),
+            let (mut conn, fresh) = match pool.checkout() {
+                Some(conn) => (conn, false),
                 // Boxed: connecting is rare, and its state would otherwise make every
                 // request's future larger.
                 None => (
@@ -324,10 +362,29 @@ impl Forwarder {
                     true,
                 ),
             };
-            match sender.try_send_request(req).await {
+            // A reused connection becomes ready once its I/O has caught up with the end
+            // of its previous exchange; one the upstream closed meanwhile reports that.
+            let ready = poll_fn(|cx| {
+                conn.drive(cx);
+                conn.sender.poll_ready(cx)
+            })
+            .await;
+            if let Err(e) = ready {
+                if fresh {
+                    return Err(ForwardError::NotSent(Box::new(e)));
+                }
+                continue;
+            }
+            let mut answer = std::pin::pin!(conn.sender.try_send_request(req));
+            let answered = poll_fn(|cx| {
+                conn.drive(cx);
+                answer.as_mut().poll(cx)
+            })
+            .await;
+            match answered {
                 Ok(resp) => {
                     let lease = Lease {
-                        sender,
+                        conn,
                         pool: Arc::clone(pool),
                         request_sent,
                     };
