@@ -5,7 +5,7 @@
 //! renders it in the OpenMetrics text format, which Prometheus scrapes natively.
 
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
@@ -93,7 +93,20 @@ pub struct Metrics {
     pub pool_size: Gauge,
     pub pool_available: Gauge,
     pub pool_waiting: Gauge,
+    /// The series of `requests` and `request_seconds` already used.
+    request_series: RwLock<Vec<RequestSeries>>,
 }
+
+/// Handles on one (route, outcome)'s series; they share their values with the families.
+struct RequestSeries {
+    route: Arc<str>,
+    outcome: &'static str,
+    count: Counter,
+    seconds: Histogram,
+}
+
+/// Most (route, outcome) pairs kept in `Metrics::request_series`.
+const MAX_CACHED_SERIES: usize = 256;
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -108,6 +121,7 @@ impl Metrics {
         let m = Metrics {
             requests: Family::default(),
             request_seconds: Family::new_with_constructor(latency),
+            request_series: RwLock::new(Vec::new()),
             takeovers: Family::default(),
             fenced_off: Family::default(),
             leases_lost: Family::default(),
@@ -220,15 +234,45 @@ impl Metrics {
     }
 
     /// Counts one request and its latency.
+    ///
+    /// It runs on every request, so the pair of series for a (route, outcome) is looked up
+    /// once in the families (which hash the labels) and then found in a short list: there
+    /// are only a handful of routes and outcomes.
     pub fn observe_request(&self, route: &Arc<str>, outcome: &'static str, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        let found = self.request_series.read().ok().and_then(|series| {
+            series
+                .iter()
+                .find(|s| {
+                    s.outcome == outcome && (Arc::ptr_eq(&s.route, route) || s.route == *route)
+                })
+                .map(|s| {
+                    s.count.inc();
+                    s.seconds.observe(seconds);
+                })
+        });
+        if found.is_some() {
+            return;
+        }
         let labels = RouteOutcome {
             route: RouteName(Arc::clone(route)),
             outcome,
         };
-        self.requests.get_or_create(&labels).inc();
-        self.request_seconds
-            .get_or_create(&labels)
-            .observe(elapsed.as_secs_f64());
+        let count = self.requests.get_or_create(&labels).clone();
+        let seconds_series = self.request_seconds.get_or_create(&labels).clone();
+        count.inc();
+        seconds_series.observe(seconds);
+        if let Ok(mut series) = self.request_series.write() {
+            // Bounded: routes come from the configuration, outcomes are constants.
+            if series.len() < MAX_CACHED_SERIES {
+                series.push(RequestSeries {
+                    route: Arc::clone(route),
+                    outcome,
+                    count,
+                    seconds: seconds_series,
+                });
+            }
+        }
     }
 
     /// Records one store call.

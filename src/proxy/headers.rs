@@ -1,7 +1,7 @@
 //! Header hygiene: hop-by-hop stripping, forwarding headers, and the allow-listed header
 //! block that is stored and replayed.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, header};
@@ -39,30 +39,67 @@ pub fn client_head(head: &mut http::response::Parts) {
     head.version = http::Version::default();
 }
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
 /// Sets `X-Forwarded-For` (appended), `-Proto` and `-Host` for the upstream.
+///
+/// It runs on every forwarded request, so the names are constants (not parsed per call)
+/// and an IPv4 peer is written without the formatting machinery.
 pub fn set_forwarded(
     headers: &mut HeaderMap,
     peer: SocketAddr,
     original_host: Option<HeaderValue>,
     proto: &'static str,
 ) {
-    let ip = peer.ip().to_string();
-    let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(prior) if !prior.trim().is_empty() => format!("{prior}, {ip}"),
-        _ => ip,
+    let prior = headers
+        .get(&X_FORWARDED_FOR)
+        .and_then(|v| v.to_str().ok())
+        .filter(|prior| !prior.trim().is_empty());
+    let xff = match (prior, peer.ip()) {
+        (None, IpAddr::V4(ip)) => {
+            let mut buf = [0u8; 15];
+            let n = write_ipv4(&mut buf, ip);
+            HeaderValue::from_bytes(&buf[..n]).ok()
+        }
+        (None, ip) => HeaderValue::from_str(&ip.to_string()).ok(),
+        (Some(prior), ip) => HeaderValue::from_str(&format!("{prior}, {ip}")).ok(),
     };
-    if let Ok(value) = HeaderValue::from_str(&xff) {
-        headers.insert("x-forwarded-for", value);
+    if let Some(value) = xff {
+        headers.insert(X_FORWARDED_FOR, value);
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     match original_host {
         Some(host) => {
-            headers.insert("x-forwarded-host", host);
+            headers.insert(X_FORWARDED_HOST, host);
         }
         None => {
-            headers.remove("x-forwarded-host");
+            headers.remove(X_FORWARDED_HOST);
         }
     }
+}
+
+/// Writes `ip` in dotted-decimal form into `buf`; returns the length.
+fn write_ipv4(buf: &mut [u8; 15], ip: Ipv4Addr) -> usize {
+    let mut n = 0;
+    for (i, octet) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            buf[n] = b'.';
+            n += 1;
+        }
+        if octet >= 100 {
+            buf[n] = b'0' + octet / 100;
+            n += 1;
+        }
+        if octet >= 10 {
+            buf[n] = b'0' + octet / 10 % 10;
+            n += 1;
+        }
+        buf[n] = b'0' + octet % 10;
+        n += 1;
+    }
+    n
 }
 
 /// Headers always stored with an answer, besides the route's `store_headers`.
@@ -156,6 +193,29 @@ mod tests {
     }
 
     /// X-Forwarded-For is appended to, not replaced.
+    /// The IPv4 fast path writes exactly what `Display` writes, for every octet value in
+    /// every position, and a first `X-Forwarded-For` is the peer alone.
+    #[test]
+    fn ipv4_written_as_display_writes_it() {
+        for v in 0..=255u8 {
+            for ip in [
+                Ipv4Addr::new(v, 0, 9, 10),
+                Ipv4Addr::new(99, v, 100, 255),
+                Ipv4Addr::new(1, 22, v, 200),
+                Ipv4Addr::new(250, 101, 19, v),
+            ] {
+                let mut buf = [0u8; 15];
+                let n = write_ipv4(&mut buf, ip);
+                assert_eq!(&buf[..n], ip.to_string().as_bytes());
+            }
+        }
+        let mut h = HeaderMap::new();
+        set_forwarded(&mut h, "[::1]:9".parse().unwrap(), None, "https");
+        assert_eq!(h["x-forwarded-for"], "::1");
+        set_forwarded(&mut h, "10.20.30.40:9".parse().unwrap(), None, "https");
+        assert_eq!(h["x-forwarded-for"], "::1, 10.20.30.40");
+    }
+
     #[test]
     fn forwarded_for_appends() {
         let mut h = HeaderMap::new();
