@@ -236,6 +236,42 @@ fn addr_of(proxy: &TestProxy) -> std::net::SocketAddr {
     proxy.addr
 }
 
+/// A connection that never sends a byte is closed after the header timeout and counted,
+/// like a slow head: silent clients cannot pin connection slots either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_are_closed() {
+    let db = Backend::embedded();
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let proxy = TestProxy::spawn(&hostile_config(), &upstream, &db).await;
+    let mut silent = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "the silent connection was closed: {closed:?}"
+    );
+    let counted = proxy
+        .metrics
+        .render()
+        .contains("idemproxy_connection_errors_total{kind=\"header_timeout\"}");
+    assert!(counted, "the silent connection is counted");
+    proxy.stop().await;
+}
+
+/// Draining does not wait for a connection that has not sent a request yet: shutdown with
+/// a silent client connected ends well within the (default, 10 s) header timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_do_not_hold_up_shutdown() {
+    let db = Backend::embedded();
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
+    let _silent = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    // Accepted before the drain starts.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stopped = tokio::time::timeout(Duration::from_secs(5), proxy.stop()).await;
+    assert!(stopped.is_ok(), "shutdown waited for a silent connection");
+}
+
 /// An idle keep-alive connection is closed once it has sent nothing for the header timeout,
 /// so idle clients cannot pin connection slots forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

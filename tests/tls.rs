@@ -1,4 +1,5 @@
-//! HTTPS upstreams (private CA, mTLS) and TLS on the listener, with certificates made here.
+//! HTTPS upstreams (private CA, mTLS) and TLS on the listener, with certificates made here;
+//! and the protocols a plain listener speaks.
 
 #![allow(clippy::unwrap_used)]
 
@@ -275,6 +276,104 @@ async fn tls_listener_speaks_http1_and_http2() {
             .all(|s| s.headers["x-forwarded-proto"] == "https")
     );
     proxy.stop().await;
+}
+
+/// A plain listener serves HTTP/2 with prior knowledge (told apart from HTTP/1 by the
+/// preface, even when the preface arrives in pieces) and HTTP/1.1 on the same port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_listener_speaks_http1_and_http2_prior_knowledge() {
+    let db = Backend::embedded();
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
+    for (key, split) in [("h2", false), ("h2-split", true)] {
+        let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        let io = SplitFirstWrite {
+            inner: tcp,
+            split,
+            pause: None,
+        };
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::post(format!("http://127.0.0.1:{}/payments", proxy.addr.port()))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .header("x-client-id", "shop-1")
+            .body(Full::new(Bytes::from(BODY)))
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 201, "{key}");
+        assert_eq!(resp.version(), http::Version::HTTP_2);
+        let _ = resp.into_body().collect().await.unwrap();
+    }
+    let reply = TestClient::new(&proxy)
+        .post("/payments", "shop-1", "h1", BODY)
+        .await;
+    assert_eq!(reply.status, 201, "{reply:?}");
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 3);
+    assert!(
+        seen.iter()
+            .all(|s| s.headers["x-forwarded-proto"] == "http")
+    );
+    proxy.stop().await;
+}
+
+/// A client transport that, when `split`, sends its first 10 bytes (a part of HTTP/2's
+/// preface) and pauses 50 ms before it writes anything more.
+struct SplitFirstWrite {
+    inner: tokio::net::TcpStream,
+    split: bool,
+    pause: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl tokio::io::AsyncRead for SplitFirstWrite {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for SplitFirstWrite {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if let Some(pause) = self.pause.as_mut() {
+            std::task::ready!(pause.as_mut().poll(cx));
+            self.pause = None;
+        }
+        if self.split {
+            self.split = false;
+            let part = &buf[..buf.len().min(10)];
+            let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, part);
+            self.pause = Some(Box::pin(tokio::time::sleep(
+                std::time::Duration::from_millis(50),
+            )));
+            return polled;
+        }
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// A listener certificate that cannot be read is a start-up error naming the key.
