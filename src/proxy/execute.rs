@@ -19,7 +19,7 @@ use tokio::time::{Instant, sleep, sleep_until, timeout_at};
 
 use super::body::{BoxError, Prefixed, ProxyBody, boxed, empty, full};
 use super::forward::{ForwardError, UpstreamBody};
-use super::headers::{client_head, decode_stored, encode_stored};
+use super::headers::{client_head, decode_stored, detach_headers, encode_stored};
 use super::key::derived_key;
 use super::observe::Observed;
 use super::service::{Shared, error_chain};
@@ -185,7 +185,9 @@ pub(crate) async fn run<S: KeyStore>(
                 }
                 call_upstream(&shared, &route.name, request, policy.max_stored_response).await
             };
-            tokio::pin!(work);
+            // Boxed: the upstream exchange takes the most state of any stage, and what
+            // follows (waiting for a store connection to complete) may take a while.
+            let mut work = Box::pin(work);
             tokio::select! {
                 biased;
                 result = &mut work => result,
@@ -490,6 +492,10 @@ async fn read_upstream<S>(
         match timeout_at(deadline, body.frame()).await {
             Err(_) => return Upstream::Unknown(ProxyError::UpstreamTimeout),
             Ok(None) => {
+                // The answer waits for its completion: it must not hold the connection's
+                // read buffer meanwhile (the body is already a copy).
+                let mut head = head;
+                detach_headers(&mut head.headers);
                 return Upstream::Answered {
                     head,
                     body: buf.freeze(),

@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 
 use super::body::{BoxError, CollectError, ProxyBody, collect_limited};
 use super::execute::{Job, Outcome, run};
+use super::headers::detach_headers;
 use super::key::{client_id, derived_key, hex};
 use super::service::Shared;
 use crate::config::Route;
@@ -114,6 +115,16 @@ where
         body: &body,
         fields: policy.fingerprint_fields.as_deref(),
     })?;
+    // The job waits for the store, so it must not hold the connection's read buffer
+    // meanwhile: the headers and a body that arrived within one read become copies (the
+    // URI already is one, see `Proxy::handle_inner`).
+    let mut parts = parts;
+    detach_headers(&mut parts.headers);
+    let body = if body.len() <= shared.config.limits.max_header_bytes {
+        Bytes::copy_from_slice(&body)
+    } else {
+        body
+    };
     Ok(Job {
         route: Arc::clone(&route),
         client_id,

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{Request, Response, Uri};
 use http_body::Body;
 use tokio_util::task::TaskTracker;
 
@@ -93,10 +93,11 @@ impl<S: KeyStore> Proxy<S> {
         B::Error: Into<BoxError>,
     {
         let started = std::time::Instant::now();
-        // For the error log only; both clones are reference counts, not copies.
+        // For the error log only; both clones are reference counts, not copies (a
+        // protected request swaps `uri` for a copy of its own: see `handle_inner`).
         let method = req.method().clone();
-        let uri = req.uri().clone();
-        let (route, outcome, result) = self.handle_inner(req, peer).await;
+        let mut uri = req.uri().clone();
+        let (route, outcome, result) = self.handle_inner(req, peer, &mut uri).await;
         self.shared
             .metrics
             .observe_request(route, outcome, started.elapsed());
@@ -118,8 +119,9 @@ impl<S: KeyStore> Proxy<S> {
     /// with the result, for metrics.
     async fn handle_inner<B>(
         &self,
-        req: Request<B>,
+        mut req: Request<B>,
         peer: SocketAddr,
+        log_uri: &mut Uri,
     ) -> (
         &Arc<str>,
         &'static str,
@@ -155,6 +157,12 @@ impl<S: KeyStore> Proxy<S> {
                 return (&route.name, "rejected", Err(err));
             }
         };
+        // A protected request waits for the store, and the URI as read is a slice of the
+        // connection's read buffer: a copy of its own lets that buffer be reused meanwhile.
+        if let Ok(uri) = Uri::try_from(req.uri().to_string()) {
+            *log_uri = uri.clone();
+            *req.uri_mut() = uri;
+        }
         // Boxed: the protected path's state is large, and every request's future (pass
         // through included) would otherwise be as large as it.
         let (outcome, result) = Box::pin(protect::protect(
