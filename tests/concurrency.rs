@@ -44,7 +44,7 @@ async fn fifty_duplicates_of_twenty_keys(db: Backend) {
         ..Default::default()
     })
     .await;
-    let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
+    let proxy = TestProxy::spawn(&db.patient_payments(), &upstream, &db).await;
     let client = TestClient::new(&proxy);
 
     let mut tasks = Vec::new();

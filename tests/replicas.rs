@@ -20,9 +20,10 @@ async fn duplicates_across_replicas_execute_once() {
         ..Default::default()
     })
     .await;
+    let config = db.patient_payments();
     let mut replicas = Vec::new();
     for _ in 0..3 {
-        replicas.push(TestProxy::spawn(PAYMENTS, &upstream, &db).await);
+        replicas.push(TestProxy::spawn(&config, &upstream, &db).await);
     }
     let clients: Vec<TestClient> = replicas.iter().map(TestClient::new).collect();
     let mut tasks = Vec::new();
