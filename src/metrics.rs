@@ -240,19 +240,15 @@ impl Metrics {
     /// are only a handful of routes and outcomes.
     pub fn observe_request(&self, route: &Arc<str>, outcome: &'static str, elapsed: Duration) {
         let seconds = elapsed.as_secs_f64();
-        let found = self.request_series.read().ok().and_then(|series| {
-            series
-                .iter()
-                .find(|s| {
-                    s.outcome == outcome && (Arc::ptr_eq(&s.route, route) || s.route == *route)
-                })
-                .map(|s| {
-                    s.count.inc();
-                    s.seconds.observe(seconds);
-                })
-        });
-        if found.is_some() {
-            return;
+        if let Ok(series) = self.request_series.read() {
+            let known = series.iter().find(|s| {
+                s.outcome == outcome && (Arc::ptr_eq(&s.route, route) || s.route == *route)
+            });
+            if let Some(s) = known {
+                s.count.inc();
+                s.seconds.observe(seconds);
+                return;
+            }
         }
         let labels = RouteOutcome {
             route: RouteName(Arc::clone(route)),

@@ -237,12 +237,7 @@ async fn tls_listener_speaks_http1_and_http2() {
             .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
             .await
             .unwrap();
-        let req = http::Request::post(format!("https://127.0.0.1:{}/payments", proxy.addr.port()))
-            .header("content-type", "application/json")
-            .header("idempotency-key", key)
-            .header("x-client-id", "shop-1")
-            .body(Full::new(Bytes::from(BODY)))
-            .unwrap();
+        let req = payment("https", proxy.addr, key);
         let resp = if key == "h2" {
             let (mut sender, conn) =
                 hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
@@ -297,12 +292,7 @@ async fn plain_listener_speaks_http1_and_http2_prior_knowledge() {
                 .await
                 .unwrap();
         tokio::spawn(conn);
-        let req = http::Request::post(format!("http://127.0.0.1:{}/payments", proxy.addr.port()))
-            .header("content-type", "application/json")
-            .header("idempotency-key", key)
-            .header("x-client-id", "shop-1")
-            .body(Full::new(Bytes::from(BODY)))
-            .unwrap();
+        let req = payment("http", proxy.addr, key);
         let resp = sender.send_request(req).await.unwrap();
         assert_eq!(resp.status(), 201, "{key}");
         assert_eq!(resp.version(), http::Version::HTTP_2);
@@ -319,6 +309,17 @@ async fn plain_listener_speaks_http1_and_http2_prior_knowledge() {
             .all(|s| s.headers["x-forwarded-proto"] == "http")
     );
     proxy.stop().await;
+}
+
+/// `POST /payments` with `BODY`, as client `shop-1` with key `key`, for a client built
+/// by hand on `scheme` to `addr`.
+fn payment(scheme: &str, addr: SocketAddr, key: &str) -> http::Request<Full<Bytes>> {
+    http::Request::post(format!("{scheme}://127.0.0.1:{}/payments", addr.port()))
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .header("x-client-id", "shop-1")
+        .body(Full::new(Bytes::from(BODY)))
+        .unwrap()
 }
 
 /// A client transport that, when `split`, sends its first 10 bytes (a part of HTTP/2's

@@ -212,11 +212,13 @@ impl Body for SentBody {
 }
 
 impl Pool {
-    /// The most recently used idle connection, if there is one that is not too old.
+    /// The most recently used idle connection, if there is one that is not too old. (An
+    /// idle connection is not driven, so whether the upstream closed it shows only when
+    /// it is used.)
     fn checkout(&self) -> Option<Box<Conn>> {
         let mut idle = self.lock();
         while let Some(Idle { conn, since }) = idle.pop_back() {
-            if since.elapsed() <= IDLE_TIMEOUT && !conn.ended() {
+            if since.elapsed() <= IDLE_TIMEOUT {
                 return Some(conn);
             }
         }
