@@ -597,22 +597,27 @@ pub struct ProxyProcess {
 
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_listener().local_addr().unwrap().port()
+}
+
+/// A listener on a free loopback port; dropping it frees the port again.
+fn free_listener() -> std::net::TcpListener {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap()
 }
 
 impl ProxyProcess {
     /// Starts the binary on `yaml` (`{upstream}`, `{db}` substituted; `{listen}` and
     /// `{admin}` get free ports) and waits until it accepts connections.
     pub async fn spawn(yaml: &str, upstream: &Upstream, db: &Backend) -> Self {
-        let port = free_port();
+        // Both held open while choosing, so the two ports cannot be the same one (two
+        // `free_port()` calls in a row can be handed the same port back).
+        let held = [free_listener(), free_listener()];
+        let [port, admin] = held.each_ref().map(|l| l.local_addr().unwrap().port());
+        drop(held);
         let text = yaml
             .replace("{store}", &db.store_yaml())
             .replace("{upstream}", &upstream.url())
-            .replace("{admin}", &format!("127.0.0.1:{}", free_port()));
+            .replace("{admin}", &format!("127.0.0.1:{admin}"));
         let dir =
             std::env::temp_dir().join(format!("idemproxy-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
