@@ -82,10 +82,13 @@ enum LogFormat {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(cli.common.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // `serve` runs one single-threaded runtime per server thread (server::run_threaded);
+    // this thread is the first of them. Every other command gets a work-stealing runtime.
+    let mut builder = match cli.command {
+        None | Some(Command::Serve) => tokio::runtime::Builder::new_current_thread(),
+        Some(_) => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("idemproxy: cannot start the runtime: {e}");
@@ -239,7 +242,8 @@ async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> 
             "client_id is static: all clients share one key namespace (right for a sidecar behind one caller)"
         );
     }
-    let listener = TcpListener::bind(config.listen)
+    let threads = server_threads();
+    let listeners = idemproxy::server::bind(config.listen, threads)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
     let admin_listener = TcpListener::bind(config.admin_listen)
@@ -249,6 +253,7 @@ async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> 
         listen = %config.listen,
         admin = %config.admin_listen,
         upstream = %config.upstream.origin,
+        threads,
         "idemproxy listening"
     );
     let proxy = Proxy::new(Arc::clone(&config), store.clone());
@@ -268,15 +273,26 @@ async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> 
         config.sweep_batch,
         Arc::clone(proxy.metrics()),
     ));
-    idemproxy::server::run(
-        listener,
+    let served = idemproxy::server::run_threaded(
+        listeners,
         proxy,
         idemproxy::shutdown::signal(),
         config.shutdown_grace,
     )
-    .await;
+    .await
+    .context("starting the server threads");
     sweeper.abort();
     drop(stop);
     let _ = admin.await;
-    Ok(())
+    served
+}
+
+/// Server threads: `TOKIO_WORKER_THREADS` if set, else one per core the process may use.
+fn server_threads() -> usize {
+    std::env::var("TOKIO_WORKER_THREADS")
+        .ok()
+        .and_then(|n| n.trim().parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
+        .unwrap_or(1)
 }

@@ -1,7 +1,10 @@
-//! The accept loop: one task per connection, HTTP/1.1 and HTTP/2, graceful drain.
+//! The accept loop: one task per connection, HTTP/1.1 and HTTP/2, graceful drain; and the
+//! server threads the binary runs it on, one per core.
 //!
 //! `run` takes a bound listener and a shutdown future, so tests bind port 0 and stop the
-//! server with a oneshot, exactly as the binary stops it with SIGTERM.
+//! server with a oneshot, exactly as the binary stops it with SIGTERM. The binary uses
+//! `bind` and `run_threaded`: the same loop on every thread, each thread with a listening
+//! socket and a runtime of its own.
 //!
 //! The protocol is chosen before hyper sees a byte: by ALPN on TLS, and on a plain
 //! listener by peeking (not reading) at the first bytes for HTTP/2's preface. hyper then
@@ -21,8 +24,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{Semaphore, oneshot, watch};
 use tokio::time::error::Elapsed;
 use tokio_util::sync::CancellationToken;
 
@@ -38,6 +41,149 @@ pub async fn run<S: KeyStore>(
     shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) {
+    let gate = Gate::new(proxy.config().limits.max_connections);
+    let graceful = accept(listener, &proxy, shutdown, &gate).await;
+    gate.draining.cancel();
+    tracing::info!("shutting down: no longer accepting; finishing in-flight requests");
+    report_drain(drain(graceful, &proxy, grace).await, &proxy, grace);
+}
+
+/// Binds `threads` listening sockets to `addr` for [`run_threaded`], one per server
+/// thread. Several sockets share the address with `SO_REUSEPORT`, and the kernel spreads
+/// new connections over them.
+///
+/// `SO_REUSEPORT` would also let a second process bind the address silently; so the address
+/// is first bound without it, which fails as usual when the port is taken.
+pub async fn bind(addr: SocketAddr, threads: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let exclusive = TcpListener::bind(addr).await?;
+    if threads <= 1 {
+        return Ok(vec![exclusive.into_std()?]);
+    }
+    // Port 0 has become a real port; the group binds that one.
+    let addr = exclusive.local_addr()?;
+    drop(exclusive);
+    (0..threads)
+        .map(|_| {
+            let socket = match addr {
+                SocketAddr::V4(_) => TcpSocket::new_v4()?,
+                SocketAddr::V6(_) => TcpSocket::new_v6()?,
+            };
+            socket.set_reuseaddr(true)?;
+            socket.set_reuseport(true)?;
+            socket.bind(addr)?;
+            socket.listen(LISTEN_BACKLOG)?.into_std()
+        })
+        .collect()
+}
+
+/// Like [`run`], with one server thread per listener (see [`bind`]): this thread serves the
+/// first, and a new thread with a single-threaded runtime of its own serves each other one.
+///
+/// Why: on a work-stealing runtime, the tasks of one request (client connection, detached
+/// execution, store connection) wake each other across threads, and every such wake-up is
+/// a system call. Here a connection and everything it starts stay on the thread that
+/// accepted it, with that thread's upstream connections, as in nginx's worker model. The
+/// store, the metrics, `limits.max_connections` and the detached executions are shared;
+/// on shutdown every thread stops accepting and all of them drain together.
+///
+/// The calling thread must run a current-thread runtime: a work-stealing one would move
+/// this thread's connections to its other workers again.
+pub async fn run_threaded<S: KeyStore + Clone>(
+    listeners: Vec<std::net::TcpListener>,
+    proxy: Proxy<S>,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) -> std::io::Result<()> {
+    let gate = Gate::new(proxy.config().limits.max_connections);
+    let mut listeners = listeners.into_iter();
+    let Some(first) = listeners.next() else {
+        return Ok(());
+    };
+    // Every runtime is built before any thread starts, so a failure leaves nothing running.
+    let others = listeners
+        .map(|listener| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            Ok((listener, runtime))
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let first = TcpListener::from_std(first)?;
+    let (stop, stopping) = watch::channel(false);
+    let (release, released) = watch::channel(false);
+    let mut drained = Vec::new();
+    for (n, (listener, runtime)) in others.into_iter().enumerate() {
+        let (proxy, gate) = (proxy.sibling(), gate.clone());
+        let (stopping, released) = (stopping.clone(), released.clone());
+        let (done, finished) = oneshot::channel();
+        std::thread::Builder::new()
+            .name(format!("idemproxy-{}", n + 1))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let graceful = match TcpListener::from_std(listener) {
+                        Ok(listener) => accept(listener, &proxy, raised(stopping), &gate).await,
+                        Err(e) => {
+                            tracing::error!(cause = %e, "a server thread cannot listen");
+                            GracefulShutdown::new()
+                        }
+                    };
+                    let _ = done.send(drain(graceful, &proxy, grace).await);
+                    // Store connections this runtime opened may serve other threads'
+                    // requests: it keeps running them until every thread has drained.
+                    raised(released).await;
+                });
+            })?;
+        drained.push(finished);
+    }
+    let graceful = accept(first, &proxy, shutdown, &gate).await;
+    let _ = stop.send(true);
+    gate.draining.cancel();
+    tracing::info!("shutting down: no longer accepting; finishing in-flight requests");
+    let mut all = drain(graceful, &proxy, grace).await;
+    for finished in drained {
+        all &= finished.await.unwrap_or(false);
+    }
+    let _ = release.send(true);
+    report_drain(all, &proxy, grace);
+    Ok(())
+}
+
+/// Resolves once the flag is raised (or its sender is gone).
+async fn raised(mut flag: watch::Receiver<bool>) {
+    let _ = flag.wait_for(|raised| *raised).await;
+}
+
+/// The pending-connection queue of each listening socket.
+const LISTEN_BACKLOG: u32 = 1024;
+
+/// What every server thread shares: the connection limit and the start of draining.
+#[derive(Clone)]
+struct Gate {
+    /// Past `limits.max_connections`, connections wait in the kernel's accept queue
+    /// instead of being served.
+    slots: Arc<Semaphore>,
+    /// Cancelled when draining starts: a connection that has not sent a request yet is
+    /// closed then, instead of holding the drain up until its header timeout.
+    draining: CancellationToken,
+}
+
+impl Gate {
+    fn new(max_connections: usize) -> Self {
+        Self {
+            slots: Arc::new(Semaphore::new(max_connections)),
+            draining: CancellationToken::new(),
+        }
+    }
+}
+
+/// Accepts and serves connections, one task each, until `shutdown` resolves. Returns what
+/// tracks the connections still open.
+async fn accept<S: KeyStore>(
+    listener: TcpListener,
+    proxy: &Proxy<S>,
+    shutdown: impl Future<Output = ()>,
+    gate: &Gate,
+) -> GracefulShutdown {
     let limits = proxy.config().limits;
     let mut h1 = http1::Builder::new();
     h1.timer(TokioTimer::new())
@@ -48,12 +194,7 @@ pub async fn run<S: KeyStore>(
     h2.timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
     let builders = Arc::new((h1, h2));
-    // Past the limit, connections wait in the kernel's accept queue instead of being served.
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
-    // Cancelled when draining starts: a connection that has not sent a request yet is
-    // closed then, instead of holding the drain up until its header timeout.
-    let draining = CancellationToken::new();
     // TLS on the listener when configured; HTTP/2 is offered by ALPN.
     let acceptor = proxy
         .config()
@@ -63,7 +204,7 @@ pub async fn run<S: KeyStore>(
     tokio::pin!(shutdown);
     loop {
         let slot = tokio::select! {
-            slot = Arc::clone(&slots).acquire_owned() => match slot {
+            slot = Arc::clone(&gate.slots).acquire_owned() => match slot {
                 Ok(slot) => slot,
                 Err(_) => break,
             },
@@ -91,7 +232,7 @@ pub async fn run<S: KeyStore>(
             service(proxy.clone(), peer),
         );
         let acceptor = acceptor.clone();
-        let draining = draining.clone();
+        let draining = gate.draining.clone();
         let head_timeout = limits.header_read_timeout;
         tokio::spawn(async move {
             let (h1, h2) = &*builders;
@@ -135,23 +276,31 @@ pub async fn run<S: KeyStore>(
             drop(slot);
         });
     }
-    drop(listener);
-    tracing::info!("shutting down: no longer accepting; finishing in-flight requests");
-    draining.cancel();
+    graceful
+}
+
+/// Waits, up to `grace`, for this thread's connections to finish and for every detached
+/// execution. True when all of them finished.
+async fn drain<S: KeyStore>(graceful: GracefulShutdown, proxy: &Proxy<S>, grace: Duration) -> bool {
     let tasks = proxy.tasks().clone();
     tasks.close();
-    let drained = tokio::time::timeout(grace, async {
+    tokio::time::timeout(grace, async {
         graceful.shutdown().await;
         tasks.wait().await;
     })
-    .await;
-    match drained {
-        Ok(()) => tracing::info!("drained"),
-        Err(_) => tracing::warn!(
+    .await
+    .is_ok()
+}
+
+fn report_drain<S: KeyStore>(drained: bool, proxy: &Proxy<S>, grace: Duration) {
+    if drained {
+        tracing::info!("drained");
+    } else {
+        tracing::warn!(
             grace_ms = grace.as_millis() as u64,
-            still_running = tasks.len(),
+            still_running = proxy.tasks().len(),
             "grace period over; exiting with requests still in flight (their keys free up when the leases run out)"
-        ),
+        );
     }
 }
 

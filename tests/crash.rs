@@ -12,10 +12,7 @@ const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpo
 
 /// A short lease, so that a crashed proxy's keys free up within seconds.
 fn short_lease() -> String {
-    format!(
-        "admin_listen: \"{{admin}}\"\n{}",
-        PAYMENTS.replace("  lease: 30s\n", "  lease: 3s\n")
-    )
+    PAYMENTS.replace("  lease: 30s\n", "  lease: 3s\n")
 }
 
 /// The seed's crash: the proxy is SIGKILLed while the upstream charges. A new process on

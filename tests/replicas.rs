@@ -67,10 +67,7 @@ async fn killed_replica_is_covered_by_the_others() {
         ..Default::default()
     })
     .await;
-    let yaml = format!(
-        "admin_listen: \"{{admin}}\"\n{}",
-        PAYMENTS.replace("  lease: 30s\n", "  lease: 3s\n")
-    );
+    let yaml = PAYMENTS.replace("  lease: 30s\n", "  lease: 3s\n");
     let mut doomed = ProxyProcess::spawn(&yaml, &upstream, &db).await;
     let others = [
         ProxyProcess::spawn(&yaml, &upstream, &db).await,

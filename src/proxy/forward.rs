@@ -288,6 +288,25 @@ impl Forwarder {
         }
     }
 
+    /// A forwarder with a pool of its own that shares this one's `upstream.max_connections`.
+    ///
+    /// Why: a connection's socket is registered with the runtime that opened it, and only
+    /// that runtime's thread learns when it is ready. A server thread with its own runtime
+    /// therefore needs connections it opened itself.
+    pub fn sibling(&self) -> Self {
+        Self {
+            pool: Arc::new(Pool {
+                connector: self.pool.connector.clone(),
+                origin: self.pool.origin.clone(),
+                idle: Mutex::new(VecDeque::new()),
+                permits: Arc::clone(&self.pool.permits),
+            }),
+            client_proto: self.client_proto,
+            upstream: self.upstream.clone(),
+            host: self.host.clone(),
+        }
+    }
+
     /// The upstream settings (timeouts).
     pub fn upstream(&self) -> &UpstreamConfig {
         &self.upstream

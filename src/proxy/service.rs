@@ -66,6 +66,25 @@ impl<S: KeyStore> Proxy<S> {
         }
     }
 
+    /// The same proxy (configuration, store, metrics, detached executions) with an
+    /// upstream pool of its own: for a server thread with its own runtime.
+    pub fn sibling(&self) -> Self
+    where
+        S: Clone,
+    {
+        let shared = &self.shared;
+        Self {
+            shared: Arc::new(Shared {
+                config: Arc::clone(&shared.config),
+                store: shared.store.clone(),
+                forwarder: shared.forwarder.sibling(),
+                metrics: Arc::clone(&shared.metrics),
+                unrouted: Arc::clone(&shared.unrouted),
+                tasks: shared.tasks.clone(),
+            }),
+        }
+    }
+
     /// The configuration it runs with.
     pub fn config(&self) -> &Arc<Config> {
         &self.shared.config

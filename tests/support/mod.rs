@@ -607,13 +607,20 @@ fn free_listener() -> std::net::TcpListener {
 
 impl ProxyProcess {
     /// Starts the binary on `yaml` (`{upstream}`, `{db}` substituted; `{listen}` and
-    /// `{admin}` get free ports) and waits until it accepts connections.
+    /// `{admin}` get free ports, and the admin listener is put on `{admin}` when `yaml`
+    /// does not say where) and waits until it accepts connections.
     pub async fn spawn(yaml: &str, upstream: &Upstream, db: &Backend) -> Self {
         // Both held open while choosing, so the two ports cannot be the same one (two
         // `free_port()` calls in a row can be handed the same port back).
         let held = [free_listener(), free_listener()];
         let [port, admin] = held.each_ref().map(|l| l.local_addr().unwrap().port());
         drop(held);
+        // Not the default port: processes of tests running in parallel would share it.
+        let yaml = if yaml.contains("admin_listen:") {
+            yaml.to_owned()
+        } else {
+            format!("admin_listen: \"{{admin}}\"\n{yaml}")
+        };
         let text = yaml
             .replace("{store}", &db.store_yaml())
             .replace("{upstream}", &upstream.url())
@@ -632,8 +639,8 @@ impl ProxyProcess {
             .arg(format!("127.0.0.1:{port}"))
             .env_remove("DATABASE_URL")
             .env("RUST_LOG", "info")
-            // Several runtime worker threads whatever the machine, so that connections
-            // (and the drain on SIGTERM) are spread over threads as in production.
+            // Several server threads whatever the machine, so that connections (and the
+            // drain on SIGTERM) are spread over threads as in production.
             .env("TOKIO_WORKER_THREADS", "3")
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -651,6 +658,11 @@ impl ProxyProcess {
             log.display()
         );
         ProxyProcess { addr, child, log }
+    }
+
+    /// The configuration file it was started with.
+    pub fn config_file(&self) -> std::path::PathBuf {
+        self.log.with_file_name("config.yaml")
     }
 
     /// The process's log so far.
