@@ -372,3 +372,47 @@ on_both_stores!(
     dozens_of_concurrent_reservations,
     stuck_and_evict,
 );
+
+/// PostgreSQL calls past `pool_size` queue for a turn before they ask the pool. The
+/// `pool_waiting` gauge counts them, a queued call still gives up at the store timeout
+/// (and then stops counting), and the store works again once the database does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_calls_are_counted_and_bounded_by_the_timeout() {
+    let db = TestDb::new().await;
+    let store = idemproxy::store::PgStore::new(&idemproxy::config::PostgresConfig {
+        url: db.url.clone(),
+        pool_size: 2,
+        connect_timeout: Duration::from_secs(5),
+        timeout: Duration::from_secs(2),
+    })
+    .unwrap();
+    // Every reservation blocks inside PostgreSQL while this transaction holds the table.
+    let mut locker = db.client().await;
+    let lock = locker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let mut calls = tokio::task::JoinSet::new();
+    for n in 0..6 {
+        let store = store.clone();
+        calls.spawn(async move {
+            let key = format!("queued-{n}");
+            store.reserve(&req(&key, &FP, LONG, DAY)).await
+        });
+    }
+    // Two hold the turns (blocked on the lock), four wait for one.
+    let queued = eventually(Duration::from_secs(5), || async {
+        (store.pool_status().unwrap().waiting == 4).then_some(())
+    })
+    .await;
+    assert!(queued.is_some(), "{:?}", store.pool_status());
+    while let Some(done) = calls.join_next().await {
+        assert!(
+            matches!(done.unwrap(), Err(idemproxy::store::StoreError::Timeout(_))),
+            "every call gives up at the store timeout"
+        );
+    }
+    assert_eq!(store.pool_status().unwrap().waiting, 0);
+    lock.rollback().await.unwrap();
+    reserved(&store, "after", LONG, DAY).await;
+}

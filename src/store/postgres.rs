@@ -5,11 +5,12 @@
 //! one that is down instead of stalling requests.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime, Timeouts};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, NoTls};
 
@@ -73,6 +74,10 @@ pub struct PgStore {
     listen_config: Arc<tokio_postgres::Config>,
     /// Whether the `LISTEN` task was started (lazily: only wait-mode routes need it).
     listening: Arc<OnceLock<()>>,
+    /// One turn per pooled connection; see [`PgStore::turn`].
+    turns: Arc<Semaphore>,
+    /// Calls waiting for a turn, for the `pool_waiting` gauge.
+    waiting: Arc<AtomicUsize>,
 }
 
 impl PgStore {
@@ -110,7 +115,24 @@ impl PgStore {
             waiters: Arc::default(),
             listen_config,
             listening: Arc::default(),
+            turns: Arc::new(Semaphore::new(config.pool_size)),
+            waiting: Arc::default(),
         })
+    }
+
+    /// Waits for one of `pool_size` turns to use a connection; the call holds it until done.
+    ///
+    /// Why: past `pool_size` concurrent calls, calls queue, and under load (a thousand
+    /// requests on sixteen connections) most requests are such a call. Queued on this
+    /// semaphore, each holds a small future; queued inside deadpool's `get`, each would hold
+    /// that future's room for opening and recycling a connection (about 3 KiB). The calls
+    /// box what follows their turn, so their futures stay small while they wait.
+    async fn turn(&self) -> Result<OwnedSemaphorePermit, StoreError> {
+        let _waiting = Waiting::enter(&self.waiting);
+        Arc::clone(&self.turns)
+            .acquire_owned()
+            .await
+            .map_err(|_| StoreError::Config("the store is closed".into()))
     }
 
     /// The pool, for migrations and gauges.
@@ -138,36 +160,57 @@ impl PgStore {
         extra: &[&(dyn ToSql + Sync)],
     ) -> Result<Fenced, StoreError> {
         self.bounded(async {
-            let client = self.pool.get().await?;
-            let stmt = client.prepare_cached(sql).await?;
-            // Hashed only when someone may be waiting; otherwise the statement skips NOTIFY.
-            let payload = if fence.notify {
-                crate::proxy::hex(&fence.key_id())
-            } else {
-                String::new()
-            };
-            let mut params: Vec<&(dyn ToSql + Sync)> =
-                vec![&fence.client_id, &fence.key, &fence.token];
-            if notify {
-                params.push(&payload);
-                params.push(&fence.notify);
-            }
-            params.extend_from_slice(extra);
-            let n = if notify {
-                client
-                    .query_one(&stmt, &params)
-                    .await?
-                    .try_get::<_, i64>(0)? as u64
-            } else {
-                client.execute(&stmt, &params).await?
-            };
-            Ok(if n == 1 {
-                Fenced::Applied
-            } else {
-                Fenced::Refused
+            let _turn = self.turn().await?;
+            // Boxed: see `turn`.
+            Box::pin(async move {
+                let client = self.pool.get().await?;
+                let stmt = client.prepare_cached(sql).await?;
+                // Hashed only when someone may be waiting; otherwise the statement skips NOTIFY.
+                let payload = if fence.notify {
+                    crate::proxy::hex(&fence.key_id())
+                } else {
+                    String::new()
+                };
+                let mut params: Vec<&(dyn ToSql + Sync)> =
+                    vec![&fence.client_id, &fence.key, &fence.token];
+                if notify {
+                    params.push(&payload);
+                    params.push(&fence.notify);
+                }
+                params.extend_from_slice(extra);
+                let n = if notify {
+                    client
+                        .query_one(&stmt, &params)
+                        .await?
+                        .try_get::<_, i64>(0)? as u64
+                } else {
+                    client.execute(&stmt, &params).await?
+                };
+                Ok(if n == 1 {
+                    Fenced::Applied
+                } else {
+                    Fenced::Refused
+                })
             })
+            .await
         })
         .await
+    }
+}
+
+/// Counts a call as waiting until it is dropped (done, or given up by its timeout).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -178,55 +221,60 @@ fn millis(d: Duration) -> i64 {
 impl KeyStore for PgStore {
     async fn reserve(&self, req: &ReserveRequest<'_>) -> Result<Reservation, StoreError> {
         self.bounded(async {
-            let client = self.pool.get().await?;
-            let stmt = client.prepare_cached(RESERVE).await?;
-            let fp: &[u8] = req.fingerprint;
-            let row = client
-                .query_one(
-                    &stmt,
-                    &[
-                        &req.client_id,
-                        &req.key,
-                        &fp,
-                        &req.route,
-                        &millis(req.lease),
-                        &millis(req.retention),
-                    ],
-                )
-                .await?;
-            let outcome: &str = row.try_get(0)?;
-            let reservation = match outcome {
-                "reserved" | "taken_over" => Reservation::Reserved(Lease {
-                    token: row.try_get(1)?,
-                    attempts: row.try_get(2)?,
-                    takeover: outcome == "taken_over",
-                }),
-                "in_progress" => {
-                    let ms: i64 = row.try_get(3)?;
-                    Reservation::InProgress {
-                        lease_remaining: Duration::from_millis(ms.max(0) as u64),
+            let _turn = self.turn().await?;
+            // Boxed: see `turn`.
+            Box::pin(async move {
+                let client = self.pool.get().await?;
+                let stmt = client.prepare_cached(RESERVE).await?;
+                let fp: &[u8] = req.fingerprint;
+                let row = client
+                    .query_one(
+                        &stmt,
+                        &[
+                            &req.client_id,
+                            &req.key,
+                            &fp,
+                            &req.route,
+                            &millis(req.lease),
+                            &millis(req.retention),
+                        ],
+                    )
+                    .await?;
+                let outcome: &str = row.try_get(0)?;
+                let reservation = match outcome {
+                    "reserved" | "taken_over" => Reservation::Reserved(Lease {
+                        token: row.try_get(1)?,
+                        attempts: row.try_get(2)?,
+                        takeover: outcome == "taken_over",
+                    }),
+                    "in_progress" => {
+                        let ms: i64 = row.try_get(3)?;
+                        Reservation::InProgress {
+                            lease_remaining: Duration::from_millis(ms.max(0) as u64),
+                        }
                     }
-                }
-                "mismatch" => Reservation::Mismatch,
-                "done" => {
-                    let status: i16 = row.try_get(4)?;
-                    let status = u16::try_from(status)
-                        .map_err(|_| StoreError::Corrupt(format!("status {status}")))?;
-                    if row.try_get::<_, Option<bool>>(7)? == Some(false) {
-                        Reservation::NotReplayable { status }
-                    } else {
-                        let headers: Option<Vec<u8>> = row.try_get(5)?;
-                        let body: Option<Vec<u8>> = row.try_get(6)?;
-                        Reservation::Done(StoredResponse {
-                            status,
-                            headers: headers.unwrap_or_default().into(),
-                            body: body.unwrap_or_default().into(),
-                        })
+                    "mismatch" => Reservation::Mismatch,
+                    "done" => {
+                        let status: i16 = row.try_get(4)?;
+                        let status = u16::try_from(status)
+                            .map_err(|_| StoreError::Corrupt(format!("status {status}")))?;
+                        if row.try_get::<_, Option<bool>>(7)? == Some(false) {
+                            Reservation::NotReplayable { status }
+                        } else {
+                            let headers: Option<Vec<u8>> = row.try_get(5)?;
+                            let body: Option<Vec<u8>> = row.try_get(6)?;
+                            Reservation::Done(StoredResponse {
+                                status,
+                                headers: headers.unwrap_or_default().into(),
+                                body: body.unwrap_or_default().into(),
+                            })
+                        }
                     }
-                }
-                other => return Err(StoreError::Corrupt(format!("reserve outcome `{other}`"))),
-            };
-            Ok(reservation)
+                    other => return Err(StoreError::Corrupt(format!("reserve outcome `{other}`"))),
+                };
+                Ok(reservation)
+            })
+            .await
         })
         .await
     }
@@ -261,6 +309,7 @@ impl KeyStore for PgStore {
 
     async fn lookup(&self, client_id: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
         self.bounded(async {
+            let _turn = self.turn().await?;
             let client = self.pool.get().await?;
             let sql = format!(
                 "SELECT {RECORD_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2"
@@ -274,6 +323,7 @@ impl KeyStore for PgStore {
 
     async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
         self.bounded(async {
+            let _turn = self.turn().await?;
             let client = self.pool.get().await?;
             let stmt = client.prepare_cached(EVICT).await?;
             Ok(client.execute(&stmt, &[&client_id, &key]).await? > 0)
@@ -283,6 +333,7 @@ impl KeyStore for PgStore {
 
     async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
         self.bounded(async {
+            let _turn = self.turn().await?;
             let client = self.pool.get().await?;
             let sql = format!(
                 "SELECT {RECORD_COLUMNS} FROM idempotency_keys \
@@ -296,6 +347,7 @@ impl KeyStore for PgStore {
 
     async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
         self.bounded(async {
+            let _turn = self.turn().await?;
             let client = self.pool.get().await?;
             let stmt = client.prepare_cached(SWEEP).await?;
             Ok(client.execute(&stmt, &[&batch]).await?)
@@ -308,7 +360,7 @@ impl KeyStore for PgStore {
         Some(PoolStatus {
             size: s.size,
             available: s.available,
-            waiting: s.waiting,
+            waiting: s.waiting + self.waiting.load(Ordering::Relaxed),
         })
     }
 
@@ -325,6 +377,7 @@ impl KeyStore for PgStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.bounded(async {
+            let _turn = self.turn().await?;
             let client = self.pool.get().await?;
             client.simple_query("SELECT 1").await?;
             Ok(())
