@@ -27,6 +27,23 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
+/// A finite number above zero (a rate or a duration); anything else would make the pacing
+/// interval or the run's end meaningless.
+fn positive(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number above zero")),
+    }
+}
+
+/// A finite number, zero or above.
+fn non_negative(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number, zero or above")),
+    }
+}
+
 #[derive(Parser, Clone)]
 struct Args {
     /// Target URL.
@@ -53,16 +70,16 @@ struct Args {
     #[arg(long)]
     concurrency: Option<usize>,
     /// Open loop at this many requests per second.
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     rate: Option<f64>,
     /// Open loop: most requests in flight at once.
     #[arg(long, default_value_t = 512)]
     max_in_flight: usize,
     /// Seconds to measure.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = positive)]
     duration: f64,
     /// Seconds to run before measuring.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
     warmup: f64,
     #[arg(long, default_value = "run")]
     label: String,
