@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime, Timeouts};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Timeouts};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, NoTls};
@@ -125,8 +125,8 @@ impl PgStore {
     /// Why: past `pool_size` concurrent calls, calls queue, and under load (a thousand
     /// requests on sixteen connections) most requests are such a call. Queued on this
     /// semaphore, each holds a small future; queued inside deadpool's `get`, each would hold
-    /// that future's room for opening and recycling a connection (about 3 KiB). The calls
-    /// box what follows their turn, so their futures stay small while they wait.
+    /// that future's room for opening and recycling a connection (about 3 KiB).
+    /// [`PgStore::with_client`] boxes what follows the turn, so a waiting call stays small.
     async fn turn(&self) -> Result<OwnedSemaphorePermit, StoreError> {
         let _waiting = Waiting::enter(&self.waiting);
         Arc::clone(&self.turns)
@@ -140,11 +140,21 @@ impl PgStore {
         &self.pool
     }
 
-    async fn bounded<T>(
-        &self,
-        fut: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.timeout, fut)
+    /// Runs `call` on a pooled connection: after a turn (see [`PgStore::turn`]), with
+    /// what follows the turn boxed, all of it bounded by the store timeout.
+    async fn with_client<T, Fut>(&self, call: impl FnOnce(Object) -> Fut) -> Result<T, StoreError>
+    where
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let turn_then_call = async {
+            let _turn = self.turn().await?;
+            Box::pin(async {
+                let client = self.pool.get().await?;
+                call(client).await
+            })
+            .await
+        };
+        tokio::time::timeout(self.timeout, turn_then_call)
             .await
             .map_err(|_| StoreError::Timeout(self.timeout))?
     }
@@ -159,40 +169,34 @@ impl PgStore {
         notify: bool,
         extra: &[&(dyn ToSql + Sync)],
     ) -> Result<Fenced, StoreError> {
-        self.bounded(async {
-            let _turn = self.turn().await?;
-            // Boxed: see `turn`.
-            Box::pin(async move {
-                let client = self.pool.get().await?;
-                let stmt = client.prepare_cached(sql).await?;
-                // Hashed only when someone may be waiting; otherwise the statement skips NOTIFY.
-                let payload = if fence.notify {
-                    crate::proxy::hex(&fence.key_id())
-                } else {
-                    String::new()
-                };
-                let mut params: Vec<&(dyn ToSql + Sync)> =
-                    vec![&fence.client_id, &fence.key, &fence.token];
-                if notify {
-                    params.push(&payload);
-                    params.push(&fence.notify);
-                }
-                params.extend_from_slice(extra);
-                let n = if notify {
-                    client
-                        .query_one(&stmt, &params)
-                        .await?
-                        .try_get::<_, i64>(0)? as u64
-                } else {
-                    client.execute(&stmt, &params).await?
-                };
-                Ok(if n == 1 {
-                    Fenced::Applied
-                } else {
-                    Fenced::Refused
-                })
+        self.with_client(|client| async move {
+            let stmt = client.prepare_cached(sql).await?;
+            // Hashed only when someone may be waiting; otherwise the statement skips NOTIFY.
+            let payload = if fence.notify {
+                crate::proxy::hex(&fence.key_id())
+            } else {
+                String::new()
+            };
+            let mut params: Vec<&(dyn ToSql + Sync)> =
+                vec![&fence.client_id, &fence.key, &fence.token];
+            if notify {
+                params.push(&payload);
+                params.push(&fence.notify);
+            }
+            params.extend_from_slice(extra);
+            let n = if notify {
+                client
+                    .query_one(&stmt, &params)
+                    .await?
+                    .try_get::<_, i64>(0)? as u64
+            } else {
+                client.execute(&stmt, &params).await?
+            };
+            Ok(if n == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Refused
             })
-            .await
         })
         .await
     }
@@ -220,61 +224,55 @@ fn millis(d: Duration) -> i64 {
 
 impl KeyStore for PgStore {
     async fn reserve(&self, req: &ReserveRequest<'_>) -> Result<Reservation, StoreError> {
-        self.bounded(async {
-            let _turn = self.turn().await?;
-            // Boxed: see `turn`.
-            Box::pin(async move {
-                let client = self.pool.get().await?;
-                let stmt = client.prepare_cached(RESERVE).await?;
-                let fp: &[u8] = req.fingerprint;
-                let row = client
-                    .query_one(
-                        &stmt,
-                        &[
-                            &req.client_id,
-                            &req.key,
-                            &fp,
-                            &req.route,
-                            &millis(req.lease),
-                            &millis(req.retention),
-                        ],
-                    )
-                    .await?;
-                let outcome: &str = row.try_get(0)?;
-                let reservation = match outcome {
-                    "reserved" | "taken_over" => Reservation::Reserved(Lease {
-                        token: row.try_get(1)?,
-                        attempts: row.try_get(2)?,
-                        takeover: outcome == "taken_over",
-                    }),
-                    "in_progress" => {
-                        let ms: i64 = row.try_get(3)?;
-                        Reservation::InProgress {
-                            lease_remaining: Duration::from_millis(ms.max(0) as u64),
-                        }
+        self.with_client(|client| async move {
+            let stmt = client.prepare_cached(RESERVE).await?;
+            let fp: &[u8] = req.fingerprint;
+            let row = client
+                .query_one(
+                    &stmt,
+                    &[
+                        &req.client_id,
+                        &req.key,
+                        &fp,
+                        &req.route,
+                        &millis(req.lease),
+                        &millis(req.retention),
+                    ],
+                )
+                .await?;
+            let outcome: &str = row.try_get(0)?;
+            let reservation = match outcome {
+                "reserved" | "taken_over" => Reservation::Reserved(Lease {
+                    token: row.try_get(1)?,
+                    attempts: row.try_get(2)?,
+                    takeover: outcome == "taken_over",
+                }),
+                "in_progress" => {
+                    let ms: i64 = row.try_get(3)?;
+                    Reservation::InProgress {
+                        lease_remaining: Duration::from_millis(ms.max(0) as u64),
                     }
-                    "mismatch" => Reservation::Mismatch,
-                    "done" => {
-                        let status: i16 = row.try_get(4)?;
-                        let status = u16::try_from(status)
-                            .map_err(|_| StoreError::Corrupt(format!("status {status}")))?;
-                        if row.try_get::<_, Option<bool>>(7)? == Some(false) {
-                            Reservation::NotReplayable { status }
-                        } else {
-                            let headers: Option<Vec<u8>> = row.try_get(5)?;
-                            let body: Option<Vec<u8>> = row.try_get(6)?;
-                            Reservation::Done(StoredResponse {
-                                status,
-                                headers: headers.unwrap_or_default().into(),
-                                body: body.unwrap_or_default().into(),
-                            })
-                        }
+                }
+                "mismatch" => Reservation::Mismatch,
+                "done" => {
+                    let status: i16 = row.try_get(4)?;
+                    let status = u16::try_from(status)
+                        .map_err(|_| StoreError::Corrupt(format!("status {status}")))?;
+                    if row.try_get::<_, Option<bool>>(7)? == Some(false) {
+                        Reservation::NotReplayable { status }
+                    } else {
+                        let headers: Option<Vec<u8>> = row.try_get(5)?;
+                        let body: Option<Vec<u8>> = row.try_get(6)?;
+                        Reservation::Done(StoredResponse {
+                            status,
+                            headers: headers.unwrap_or_default().into(),
+                            body: body.unwrap_or_default().into(),
+                        })
                     }
-                    other => return Err(StoreError::Corrupt(format!("reserve outcome `{other}`"))),
-                };
-                Ok(reservation)
-            })
-            .await
+                }
+                other => return Err(StoreError::Corrupt(format!("reserve outcome `{other}`"))),
+            };
+            Ok(reservation)
         })
         .await
     }
@@ -308,9 +306,7 @@ impl KeyStore for PgStore {
     }
 
     async fn lookup(&self, client_id: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
-        self.bounded(async {
-            let _turn = self.turn().await?;
-            let client = self.pool.get().await?;
+        self.with_client(|client| async move {
             let sql = format!(
                 "SELECT {RECORD_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2"
             );
@@ -322,9 +318,7 @@ impl KeyStore for PgStore {
     }
 
     async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
-        self.bounded(async {
-            let _turn = self.turn().await?;
-            let client = self.pool.get().await?;
+        self.with_client(|client| async move {
             let stmt = client.prepare_cached(EVICT).await?;
             Ok(client.execute(&stmt, &[&client_id, &key]).await? > 0)
         })
@@ -332,9 +326,7 @@ impl KeyStore for PgStore {
     }
 
     async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
-        self.bounded(async {
-            let _turn = self.turn().await?;
-            let client = self.pool.get().await?;
+        self.with_client(|client| async move {
             let sql = format!(
                 "SELECT {RECORD_COLUMNS} FROM idempotency_keys \
                  WHERE status = 'in_progress' AND locked_until < now() ORDER BY locked_until LIMIT $1"
@@ -346,9 +338,7 @@ impl KeyStore for PgStore {
     }
 
     async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
-        self.bounded(async {
-            let _turn = self.turn().await?;
-            let client = self.pool.get().await?;
+        self.with_client(|client| async move {
             let stmt = client.prepare_cached(SWEEP).await?;
             Ok(client.execute(&stmt, &[&batch]).await?)
         })
@@ -376,9 +366,7 @@ impl KeyStore for PgStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.bounded(async {
-            let _turn = self.turn().await?;
-            let client = self.pool.get().await?;
+        self.with_client(|client| async move {
             client.simple_query("SELECT 1").await?;
             Ok(())
         })
