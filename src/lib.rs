@@ -8,7 +8,8 @@
 //!
 //! # Layout
 //! - [`config`]: YAML file → validated [`config::Config`]; the only module that knows files.
-//! - [`route`]: path patterns and the route table.
+//! - [`path`]: the one normalised spelling of a request path; [`route`]: path patterns and
+//!   the route table.
 //! - [`fingerprint`] and [`canonical`]: what makes two requests the same operation.
 //! - [`store`]: the key table ([`store::KeyStore`]) and its PostgreSQL implementation.
 //! - [`proxy`]: the request path — pass-through, protection, detached execution.
@@ -25,6 +26,7 @@ pub mod config;
 pub mod demo;
 pub mod fingerprint;
 pub mod metrics;
+pub mod path;
 pub mod problem;
 pub mod proxy;
 pub mod route;

@@ -32,6 +32,8 @@ pub enum ProxyError {
     InvalidKey { header: String, reason: String },
     #[error("no client identity")]
     MissingClientId { what: String, unauthorized: bool },
+    #[error("path cannot be normalised safely: {0}")]
+    InvalidPath(#[source] crate::path::PathError),
     #[error("invalid client identity: {reason}")]
     InvalidClientId { reason: String },
     #[error("request body larger than {limit} bytes")]
@@ -73,6 +75,7 @@ impl ProxyError {
             ProxyError::MissingKey { .. }
             | ProxyError::InvalidKey { .. }
             | ProxyError::InvalidClientId { .. }
+            | ProxyError::InvalidPath(_)
             | ProxyError::BodyRead(_)
             | ProxyError::Body(_) => StatusCode::BAD_REQUEST,
             ProxyError::MissingClientId {
@@ -85,9 +88,10 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            ProxyError::InProgress { .. } | ProxyError::NotReplayable { .. } => {
-                StatusCode::CONFLICT
-            }
+            ProxyError::InProgress { .. } => StatusCode::CONFLICT,
+            // Final, not 409: clients with automatic retries retry every 409 and would loop
+            // on an answer that will never come.
+            ProxyError::NotReplayable { .. } => StatusCode::GONE,
             ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::UpstreamUnreachable(_) | ProxyError::UpstreamFailed(_) => {
                 StatusCode::BAD_GATEWAY
@@ -115,6 +119,11 @@ impl ProxyError {
                 "missing-client-id",
                 "Client identity required",
                 format!("Idempotency keys are kept per client, and this request carries no client identity ({what}). Nothing was reserved."),
+            ),
+            ProxyError::InvalidPath(reason) => (
+                "invalid-path",
+                "Ambiguous request path",
+                format!("The request path cannot be read unambiguously: {reason}. It was not forwarded and nothing was reserved; send it again spelled plainly (e.g. `/payments`)."),
             ),
             ProxyError::InvalidClientId { reason } => (
                 "invalid-client-id",
@@ -154,7 +163,7 @@ impl ProxyError {
             ProxyError::NotReplayable { status } => (
                 "not-replayable",
                 "Result cannot be replayed",
-                format!("A request with this idempotency key was already executed (upstream status {status}), but its answer was too large to store, so it cannot be replayed. It will not be executed again."),
+                format!("A request with this idempotency key was already executed (upstream status {status}), but its answer was too large to store, so it cannot be replayed. It will not be executed again: do not retry this key; look the operation up with the upstream service instead."),
             ),
             ProxyError::StoreUnavailable(_) => (
                 "store-unavailable",
@@ -259,6 +268,7 @@ mod tests {
             409
         );
         assert_eq!(ProxyError::UpstreamTimeout.status(), 504);
+        assert_eq!(ProxyError::NotReplayable { status: 201 }.status(), 410);
     }
 
     /// The problem body is valid RFC 9457 JSON and 409 carries a whole-second Retry-After.

@@ -5,8 +5,9 @@
 use http::{HeaderMap, HeaderName, HeaderValue};
 use idemproxy::config::{Overrides, load_str};
 use idemproxy::fingerprint::{self, fingerprint};
+use idemproxy::path::normalize;
 use idemproxy::proxy::{decode_stored, parse_key};
-use idemproxy::route::PathPattern;
+use idemproxy::route::{Lookup, PathPattern};
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -125,6 +126,124 @@ fn mutate(v: &mut Value, n: &mut usize) -> bool {
             };
             true
         }
+    }
+}
+
+/// Paths made of segments servers care about: plain words, escapes (good and bad, upper
+/// and lower case), dots, empty segments, `;`, non-ASCII and characters to be escaped.
+fn raw_path() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        "[a-zA-Z0-9_~-]{1,6}",
+        Just(".".to_owned()),
+        Just("..".to_owned()),
+        Just(String::new()),
+        "%[0-9a-fA-F]{2}",
+        Just("%".to_owned()),
+        Just("é".to_owned()),
+        Just("|".to_owned()),
+        Just(";v=1".to_owned()),
+        Just("%2e".to_owned()),
+    ];
+    prop::collection::vec(
+        prop::collection::vec(piece, 1..4).prop_map(|p| p.concat()),
+        0..6,
+    )
+    .prop_map(|segments| format!("/{}", segments.join("/")))
+}
+
+/// Another spelling of a normalised path, as a client might send it: doubled slashes,
+/// `.` and `x/..` segments, unreserved characters percent-encoded in either case, and a
+/// trailing slash.
+fn respell(normal: &str, seed: u64) -> String {
+    let mut s = seed;
+    let mut out = String::new();
+    for segment in normal.split('/').skip(1) {
+        out.push('/');
+        match coin(&mut s) {
+            0 => out.push('/'),
+            1 => out.push_str("./x/../"),
+            _ => {}
+        }
+        let bytes = segment.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            let b = bytes[i];
+            if b == b'%' {
+                // An escape that must stay: only the case of its digits may change.
+                let escape = &segment[i..i + 3];
+                if coin(&mut s) == 1 {
+                    out.push_str(&escape.to_ascii_lowercase());
+                } else {
+                    out.push_str(escape);
+                }
+                i += 3;
+                continue;
+            }
+            let unreserved = b.is_ascii_alphanumeric() || b"-._~".contains(&b);
+            match coin(&mut s) {
+                1 if unreserved => out.push_str(&format!("%{b:02x}")),
+                2 if unreserved => out.push_str(&format!("%{b:02X}")),
+                _ => out.push(char::from(b)),
+            }
+            i += 1;
+        }
+    }
+    if coin(&mut s) == 0 {
+        out.push('/');
+    }
+    if out.is_empty() { "/".to_owned() } else { out }
+}
+
+/// The fingerprint of a `POST` on `path` as the proxy computes it: normalised and looked
+/// up in the route table first, then fingerprinted on the path the route yields.
+fn fp_on_path(
+    routes: &idemproxy::route::RouteTable,
+    path: &str,
+) -> Option<fingerprint::Fingerprint> {
+    let Lookup::Route(_, routed) = routes.resolve(&http::Method::POST, path) else {
+        return None;
+    };
+    fingerprint(&fingerprint::Request {
+        method: "POST",
+        path: &routed,
+        query: None,
+        content_type: Some(b"application/json"),
+        body: br#"{"amount":1}"#,
+        fields: None,
+    })
+    .ok()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Normalising is idempotent: a normal path is its own normal form (and is borrowed).
+    #[test]
+    fn normalising_is_idempotent(path in raw_path()) {
+        if let Ok(normal) = normalize(&path) {
+            let again = normalize(&normal);
+            prop_assert_eq!(again.as_deref(), Ok(&*normal));
+            prop_assert!(matches!(again, Ok(std::borrow::Cow::Borrowed(_))), "{} -> {}", path, normal);
+            prop_assert!(!normal.contains("//") && (normal == "/" || !normal.ends_with('/')));
+        }
+    }
+
+    /// Two spellings of one path normalise alike, match the same route and fingerprint
+    /// alike; so one key sent under both executes once.
+    #[test]
+    fn spellings_fingerprint_alike(path in raw_path(), seed in any::<u64>()) {
+        let Ok(normal) = normalize(&path) else { return Ok(()) };
+        prop_assume!(!normal.contains(';'));
+        let other = respell(&normal, seed);
+        let renormal = normalize(&other);
+        prop_assert_eq!(renormal.as_deref(), Ok(&*normal), "{}", other);
+        let config = load_str(
+            "upstream:\n  url: http://127.0.0.1:1\nroutes:\n  - name: p\n    path: /payments\n  - name: all\n    path: /*\n",
+            &Overrides::default(),
+        ).unwrap();
+        let (a, b) = (fp_on_path(&config.routes, &path), fp_on_path(&config.routes, &other));
+        prop_assert!(a.is_some());
+        prop_assert_eq!(a, b, "{} vs {}", path, other);
     }
 }
 

@@ -190,8 +190,16 @@ routes:
         let c = load(None, &o).unwrap();
         assert!(matches!(c.store, StoreConfig::Embedded { .. }));
         assert!(c.implicit_routes);
-        assert!(c.routes.lookup(&http::Method::POST, "/anything").is_some());
-        assert!(c.routes.lookup(&http::Method::GET, "/anything").is_none());
+        assert!(
+            c.routes
+                .route_for(&http::Method::POST, "/anything")
+                .is_some()
+        );
+        assert!(
+            c.routes
+                .route_for(&http::Method::GET, "/anything")
+                .is_none()
+        );
         let o = Overrides {
             database_url: Some("postgres://u:secret@h/db".into()),
             ..o

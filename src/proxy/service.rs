@@ -15,9 +15,11 @@ use super::forward::{ForwardError, Forwarder};
 use super::headers::client_head;
 use super::key::parse_key;
 use super::protect;
-use crate::config::Config;
+use crate::config::{Config, Route};
 use crate::metrics::{KindLabel, Metrics};
+use crate::path::PathError;
 use crate::problem::ProxyError;
+use crate::route::Lookup;
 use crate::store::KeyStore;
 
 /// State shared by every connection and every detached execution.
@@ -150,14 +152,15 @@ impl<S: KeyStore> Proxy<S> {
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
-        let Some(route) = self
-            .shared
-            .config
-            .routes
-            .lookup(req.method(), req.uri().path())
-        else {
-            return self.pass_through(&self.shared.unrouted, req, peer).await;
+        let (route, uri) = match self.route(&req) {
+            Ok(Some(routed)) => routed,
+            Ok(None) => return self.pass_through(&self.shared.unrouted, req, peer).await,
+            Err(e) => return (&self.shared.unrouted, "rejected", Err(e)),
         };
+        // What was matched is what is forwarded. The copy also frees the connection's read
+        // buffer, which the URI as read is a slice of, while a protected request waits.
+        *log_uri = uri.clone();
+        *req.uri_mut() = uri;
         let policy = &route.policy;
         let key = match parse_key(req.headers(), &policy.key_header) {
             Ok(Some(key)) => key,
@@ -176,12 +179,6 @@ impl<S: KeyStore> Proxy<S> {
                 return (&route.name, "rejected", Err(err));
             }
         };
-        // A protected request waits for the store, and the URI as read is a slice of the
-        // connection's read buffer: a copy of its own lets that buffer be reused meanwhile.
-        if let Ok(uri) = Uri::try_from(req.uri().to_string()) {
-            *log_uri = uri.clone();
-            *req.uri_mut() = uri;
-        }
         // Boxed: the protected path's state is large, and every request's future (pass
         // through included) would otherwise be as large as it.
         let (outcome, result) = Box::pin(protect::protect(
@@ -193,6 +190,26 @@ impl<S: KeyStore> Proxy<S> {
         ))
         .await;
         (&route.name, outcome, result)
+    }
+
+    /// The route protecting this request and its URI in the route's spelling, `None` when
+    /// no route protects it, or a `400` for a path that cannot be normalised safely on a
+    /// method some route protects.
+    fn route<B>(&self, req: &Request<B>) -> Result<Option<(&Arc<Route>, Uri)>, ProxyError> {
+        // Every spelling of a protected path is matched, fingerprinted and forwarded as one.
+        match self
+            .shared
+            .config
+            .routes
+            .resolve(req.method(), req.uri().path())
+        {
+            Lookup::Route(route, path) => match respelled(req.uri(), &path) {
+                Some(uri) => Ok(Some((route, uri))),
+                None => Err(ProxyError::InvalidPath(PathError::NotAbsolute)),
+            },
+            Lookup::Unrouted => Ok(None),
+            Lookup::Refused(e) => Err(ProxyError::InvalidPath(e)),
+        }
     }
 
     /// Forwards an unprotected request as it is, streaming both ways.
@@ -235,6 +252,22 @@ impl<S: KeyStore> Proxy<S> {
             .inc();
         (route, "upstream_error", Err(err))
     }
+}
+
+/// `uri` with its path replaced by `path` (its scheme, authority and query kept), as a copy
+/// of its own. `None` only if the result is not a URI, which a normalised path cannot cause.
+fn respelled(uri: &Uri, path: &str) -> Option<Uri> {
+    let path_and_query = match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path.to_owned(),
+    };
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = uri.scheme().cloned();
+    parts.authority = uri
+        .authority()
+        .and_then(|a| http::uri::Authority::try_from(a.as_str()).ok());
+    parts.path_and_query = Some(http::uri::PathAndQuery::try_from(path_and_query).ok()?);
+    Uri::from_parts(parts).ok()
 }
 
 /// The error and its sources, for the log.
