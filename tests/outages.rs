@@ -100,6 +100,65 @@ async fn store_down_at_completion_then_back() {
     proxy.stop().await;
 }
 
+/// The store refuses a completion for less than a lease (the worker's link to it is cut
+/// and restored) while a client keeps retrying through another replica: the worker keeps
+/// renewing its lease while it retries the completion, so no retry takes over, the
+/// upstream executes once, and the stored answer is the first one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_blip_at_completion_keeps_the_lease() {
+    let db = Backend::postgres().await;
+    let (relay, url) = Relay::for_db(db.pg()).await;
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_millis(2000),
+        ..Default::default()
+    })
+    .await;
+    // Renewed every 1.67 s; the store is cut from 1.9 s to 5.4 s, before the lease granted
+    // at the last renewal (1.67 s) runs out at 6.67 s. Completion retries alone, without
+    // renewal, would next reach the store at 8.3 s: a retry would take over at 6.7 s.
+    let yaml = PAYMENTS.replace("  lease: 30s\n", "  lease: 5s\n");
+    let worker = TestProxy::spawn(&through(&url, &yaml), &upstream, &db).await;
+    let other = TestProxy::spawn(&yaml, &upstream, &db).await;
+
+    let first = {
+        let client = TestClient::new(&worker);
+        tokio::spawn(async move { client.post("/payments", "shop-1", "k", BODY).await })
+    };
+    upstream.wait_executions(1).await;
+    tokio::time::sleep(Duration::from_millis(1900)).await;
+    relay.cut();
+    let retries = {
+        let client = TestClient::new(&other);
+        tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            let end = tokio::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let reply = client.post("/payments", "shop-1", "k", BODY).await;
+                statuses.push(reply.status.as_u16());
+                if reply.status != 409 || tokio::time::Instant::now() > end {
+                    return (reply, statuses);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let answered = first.await.unwrap();
+    assert_eq!(answered.status, 201, "the first client gets its answer");
+    tokio::time::sleep(Duration::from_millis(3400)).await;
+    relay.restore();
+
+    let (settled, statuses) = retries.await.unwrap();
+    assert_eq!(upstream.executions(), 1, "no takeover re-executed: {statuses:?}");
+    assert_eq!(settled.status, 201, "{statuses:?}");
+    assert!(settled.replayed(), "the retry is a replay");
+    assert_eq!(settled.body, answered.body, "the stored answer is the first one");
+    let record = db.lookup("shop-1", "k").await.unwrap();
+    assert_eq!(record.attempts, 1, "never taken over");
+    assert_eq!(record.status, "done");
+    worker.stop().await;
+    other.stop().await;
+}
+
 /// A live worker whose lease ran out (its store link is cut, so it cannot renew) is taken
 /// over by another replica; the takeover's answer is stored, and the first worker's late
 /// completion is fenced off — its own client still gets its answer.

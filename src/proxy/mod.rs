@@ -5,9 +5,11 @@ mod execute;
 mod forward;
 mod headers;
 mod key;
+mod lease;
 mod observe;
 mod protect;
 mod service;
+mod upstream;
 
 pub use forward::{ForwardError, Forwarder, UpstreamBody};
 pub use headers::{decode_stored, encode_stored};

@@ -1,0 +1,145 @@
+//! Holding a reserved key until its outcome is written: the lease renewed for as long as
+//! the worker works on the key — while the upstream works, and while a completion or a
+//! release the store refused is retried — so that no retry can take over a key whose
+//! worker is alive and can reach the store.
+//!
+//! Renewals and the completion's attempts take turns in one task, never at once, so a
+//! renewal can never race the completion that ends the lease (and be counted as a lost
+//! lease). A renewal the store refused to take is tried again soon, not after a third of
+//! the lease: the lease must be extended as soon as the store answers again.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep, sleep_until};
+
+use super::observe::Observed;
+use crate::store::{Completion, Fence, Fenced, KeyStore, StoreError};
+
+/// How long to keep retrying a completion or release the store refused to take.
+const RETRY_WINDOW: Duration = Duration::from_secs(300);
+/// First and largest pause between those retries (the largest also at most a third of
+/// the lease, so an answer lands soon after the store is back).
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+/// Pause after a failed renewal before the next try (at most a tenth of the lease).
+const RENEW_RETRY: Duration = Duration::from_millis(250);
+
+/// How a held key is to end.
+#[derive(Clone, Copy)]
+pub(crate) enum Finish<'a> {
+    /// Store this answer.
+    Complete(&'a Completion),
+    /// Delete the reservation: nothing happened, the key may execute afresh.
+    Release,
+}
+
+/// A reservation being worked on: the store, its fence, and when to renew next.
+pub(crate) struct Holder<'a, S> {
+    store: Observed<'a, S>,
+    fence: Fence,
+    lease: Duration,
+    /// When the next renewal is due; kept across [`Holder::during`] calls, so that many
+    /// short retry pauses still renew on time.
+    due: Instant,
+    /// The lease was taken over or the key evicted: nothing to renew any more.
+    lost: bool,
+}
+
+impl<'a, S: KeyStore> Holder<'a, S> {
+    /// Holds a lease of `lease` that was just granted.
+    pub fn new(store: Observed<'a, S>, fence: Fence, lease: Duration) -> Self {
+        Self {
+            store,
+            fence,
+            lease,
+            due: Instant::now() + lease / 3,
+            lost: false,
+        }
+    }
+
+    /// Runs `work` with the lease renewed meanwhile.
+    pub async fn during<T>(&mut self, work: impl Future<Output = T>) -> T {
+        tokio::pin!(work);
+        tokio::select! {
+            biased;
+            result = &mut work => result,
+            never = self.renew_while_polled() => match never {},
+        }
+    }
+
+    /// Renews the lease whenever due, for as long as it is polled.
+    async fn renew_while_polled(&mut self) -> Infallible {
+        loop {
+            if self.lost {
+                return std::future::pending().await;
+            }
+            sleep_until(self.due).await;
+            match self.store.renew(&self.fence, self.lease).await {
+                Ok(Fenced::Applied) => self.due = Instant::now() + self.lease / 3,
+                Ok(Fenced::Refused) => {
+                    tracing::warn!(
+                        "lease lost to a takeover or an eviction; the completion will be fenced off"
+                    );
+                    self.lost = true;
+                }
+                Err(e) => {
+                    let pause = RENEW_RETRY.min(self.lease / 10);
+                    tracing::warn!(cause = %e, retry_in_ms = pause.as_millis() as u64, "could not renew the lease; trying again");
+                    self.due = Instant::now() + pause;
+                }
+            }
+        }
+    }
+
+    /// One attempt at ending the reservation.
+    pub async fn attempt(&self, finish: Finish<'_>) -> Result<Fenced, StoreError> {
+        match finish {
+            Finish::Complete(completion) => self.store.complete(&self.fence, completion).await,
+            Finish::Release => self.store.release(&self.fence).await,
+        }
+    }
+
+    /// Sees an ending through, given its first attempt's result: a refused write is
+    /// logged; a failed one is retried with backoff for a bounded time, the lease renewed
+    /// between attempts. Past the bound the key is left to its lease.
+    pub async fn settle(&mut self, finish: Finish<'_>, first: Result<Fenced, StoreError>) {
+        let mut result = first;
+        let give_up = Instant::now() + RETRY_WINDOW;
+        let mut pause = BACKOFF.0;
+        let longest = BACKOFF.1.min(self.lease / 3);
+        loop {
+            match (result, finish) {
+                (Ok(Fenced::Applied), _) => return,
+                (Ok(Fenced::Refused), Finish::Complete(_)) => {
+                    tracing::warn!(
+                        "completion fenced off: the lease was taken over, so the new owner's answer stands"
+                    );
+                    return;
+                }
+                (Ok(Fenced::Refused), Finish::Release) => {
+                    tracing::warn!("release fenced off: the lease was taken over or evicted");
+                    return;
+                }
+                (Err(e), Finish::Complete(_)) if Instant::now() + pause > give_up => {
+                    self.store.metrics.completions_abandoned.inc();
+                    tracing::error!(
+                        cause = %e,
+                        "completion abandoned after retrying; the key stays in progress until its lease runs out, then a retry re-executes with the same derived key"
+                    );
+                    return;
+                }
+                (Err(e), Finish::Release) if Instant::now() + pause > give_up => {
+                    tracing::warn!(cause = %e, "release abandoned after retrying; the key frees up when its lease runs out");
+                    return;
+                }
+                (Err(e), _) => {
+                    tracing::warn!(cause = %e, retry_in_ms = pause.as_millis() as u64, "could not write the key's outcome; retrying, lease held meanwhile");
+                    self.during(sleep(pause)).await;
+                    pause = (pause * 2).min(longest);
+                    result = self.attempt(finish).await;
+                }
+            }
+        }
+    }
+}
