@@ -130,6 +130,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::CheckConfig => {
             let config = config::load(path, &overrides)?;
             print!("{config}");
+            for warning in &config.warnings {
+                eprintln!("idemproxy: warning: {warning}");
+            }
             Ok(())
         }
         Command::Migrate => {
@@ -231,6 +234,9 @@ async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> 
     }
     if let Err(e) = store.ping().await {
         tracing::warn!(cause = %e, "store unreachable at start; protected requests get 503 until it is back");
+    }
+    for warning in &config.warnings {
+        tracing::warn!(%warning, "configuration");
     }
     if config.implicit_routes {
         tracing::info!(

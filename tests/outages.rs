@@ -148,10 +148,17 @@ async fn store_blip_at_completion_keeps_the_lease() {
     relay.restore();
 
     let (settled, statuses) = retries.await.unwrap();
-    assert_eq!(upstream.executions(), 1, "no takeover re-executed: {statuses:?}");
+    assert_eq!(
+        upstream.executions(),
+        1,
+        "no takeover re-executed: {statuses:?}"
+    );
     assert_eq!(settled.status, 201, "{statuses:?}");
     assert!(settled.replayed(), "the retry is a replay");
-    assert_eq!(settled.body, answered.body, "the stored answer is the first one");
+    assert_eq!(
+        settled.body, answered.body,
+        "the stored answer is the first one"
+    );
     let record = db.lookup("shop-1", "k").await.unwrap();
     assert_eq!(record.attempts, 1, "never taken over");
     assert_eq!(record.status, "done");

@@ -177,6 +177,7 @@ policy_struct!(
     FileRoute {
         name: Option<String>,
         methods: Option<Vec<String>>,
+        extension_methods: Option<Vec<String>>,
         path: Option<String>,
     }
 );

@@ -172,6 +172,72 @@ routes:
         assert!(e.contains("listen") && e.contains("upstream.url"), "{e}");
     }
 
+    /// A misspelt method is refused (it would leave the real one unprotected); an extension
+    /// method is accepted only where the route declares it.
+    #[test]
+    fn methods_must_be_registered() {
+        let e = err(&format!(
+            "{UP}routes:\n  - name: a\n    path: /a\n    methods: [PSOT]\n"
+        ));
+        assert!(
+            e.contains("routes[0].methods[0]") && e.contains("PSOT"),
+            "{e}"
+        );
+        assert!(e.contains("extension_methods"), "{e}");
+        let c = load_str(
+            &format!("{UP}routes:\n  - name: a\n    path: /a\n    methods: [post, CHARGE]\n    extension_methods: [CHARGE]\n"),
+            &Overrides::default(),
+        )
+        .unwrap();
+        let charge = http::Method::from_bytes(b"CHARGE").unwrap();
+        assert_eq!(
+            c.routes.routes()[0].methods,
+            [http::Method::POST, charge.clone()]
+        );
+        assert!(c.routes.route_for(&charge, "/a").is_some());
+        assert!(c.to_string().contains("extension_methods: [CHARGE]"));
+        let e = err(&format!(
+            "{UP}routes:\n  - name: a\n    path: /a\n    extension_methods: [POST]\n"
+        ));
+        assert!(
+            e.contains("routes[0].extension_methods[0]") && e.contains("registered"),
+            "{e}"
+        );
+    }
+
+    /// `routes: []` would protect nothing without a word: refused.
+    #[test]
+    fn empty_routes_are_refused() {
+        let e = err(&format!("{UP}routes: []\n"));
+        assert!(
+            e.contains("routes:") && e.contains("protects nothing"),
+            "{e}"
+        );
+    }
+
+    /// A route that an earlier one shadows is named in a warning, with the methods.
+    #[test]
+    fn shadowed_routes_are_named() {
+        let c = load_str(
+            &format!(
+                "{UP}routes:\n  - name: all\n    path: /payments/*\n  - name: refund\n    path: /payments/{{id}}/refunds\n    methods: [POST, PUT]\n  - name: other\n    path: /orders\n"
+            ),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        let w = &c.warnings[0];
+        assert!(
+            w.contains("routes[1]") && w.contains("refund") && w.contains("routes[0]"),
+            "{w}"
+        );
+        assert!(
+            w.contains("for POST") && w.contains("never applies to those methods"),
+            "{w}"
+        );
+        assert!(c.to_string().contains("# warning: routes[1]"));
+    }
+
     /// Durations must carry a unit.
     #[test]
     fn durations_need_units() {

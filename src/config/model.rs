@@ -55,6 +55,25 @@ pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Embedded store file when no PostgreSQL URL is configured.
 pub const DEFAULT_EMBEDDED_PATH: &str = "./idemproxy.db";
 
+/// The methods RFC 9110 registers, and PATCH (RFC 5789). Anything else is far more often a
+/// typo (`PSOT`) than an extension, and a typo would leave every real `POST` unprotected.
+pub const REGISTERED_METHODS: [Method; 9] = [
+    Method::GET,
+    Method::HEAD,
+    Method::POST,
+    Method::PUT,
+    Method::DELETE,
+    Method::CONNECT,
+    Method::OPTIONS,
+    Method::TRACE,
+    Method::PATCH,
+];
+
+/// Whether `method` is one of [`REGISTERED_METHODS`].
+pub fn is_registered_method(method: &Method) -> bool {
+    REGISTERED_METHODS.contains(method)
+}
+
 /// The whole validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -67,6 +86,9 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Whether the route table was implied (no `routes:` in the file).
     pub implicit_routes: bool,
+    /// What is valid but almost certainly not meant (a route an earlier one shadows):
+    /// printed by `check-config`, logged at start.
+    pub warnings: Vec<String>,
     /// Bearer token for `/admin/*`; required when the admin listener is not loopback.
     pub admin_token: Option<String>,
     /// How often the retention sweep runs.
@@ -333,12 +355,25 @@ impl fmt::Display for Config {
                 "# no routes configured: every POST and PATCH carrying a key is protected"
             )?;
         }
+        for warning in &self.warnings {
+            writeln!(f, "# warning: {warning}")?;
+        }
         writeln!(f, "routes:")?;
         for route in self.routes.routes() {
             let p = &route.policy;
-            let methods: Vec<&str> = route.methods.iter().map(Method::as_str).collect();
+            let (methods, extensions): (Vec<&Method>, Vec<&Method>) =
+                route.methods.iter().partition(|m| is_registered_method(m));
+            let names = |list: Vec<&Method>| {
+                list.iter()
+                    .map(|m| m.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
             writeln!(f, "  - name: {}", route.name)?;
-            writeln!(f, "    methods: [{}]", methods.join(", "))?;
+            writeln!(f, "    methods: [{}]", names(methods))?;
+            if !extensions.is_empty() {
+                writeln!(f, "    extension_methods: [{}]", names(extensions))?;
+            }
             writeln!(f, "    path: {}", route.pattern.as_str())?;
             writeln!(f, "    key_header: {}", p.key_header)?;
             writeln!(f, "    upstream_key_header: {}", p.upstream_key_header)?;

@@ -1,0 +1,293 @@
+//! `FileConfig` → `Config`: defaults, meaning and every cross-field check, with errors that
+//! name the offending key (`routes[1].lease: ...`). One file per section: [`upstream`],
+//! [`store`], [`routes`] (and their [`policy`]); what is left is here.
+
+mod policy;
+mod routes;
+mod store;
+mod upstream;
+
+use std::net::SocketAddr;
+
+use http::{HeaderName, Method};
+
+use super::file::FileConfig;
+use super::model::*;
+use crate::route::{PathPattern, RouteTable};
+use policy::merge_policy;
+use routes::build_routes;
+use store::build_store;
+use upstream::{build_listener_tls, build_upstream};
+
+/// Values given on the command line or in the environment; they win over the file.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub upstream: Option<String>,
+    pub database_url: Option<String>,
+    /// `IDEMPROXY_ADMIN_TOKEN`: secrets belong in the environment, not the file.
+    pub admin_token: Option<String>,
+}
+
+/// Collects every problem instead of stopping at the first, so one `check-config` run shows
+/// them all.
+#[derive(Default)]
+struct Problems(Vec<String>);
+
+impl Problems {
+    fn push(&mut self, key: impl AsRef<str>, message: impl AsRef<str>) {
+        self.0
+            .push(format!("{}: {}", key.as_ref(), message.as_ref()));
+    }
+}
+
+/// Headers a proxy must never store, replay or use as a key header.
+pub(crate) const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn apply_overrides(file: &mut FileConfig, overrides: &Overrides) {
+    if let Some(listen) = &overrides.listen {
+        file.listen = Some(listen.clone());
+    }
+    if let Some(url) = &overrides.upstream {
+        file.upstream.get_or_insert_with(Default::default).url = Some(url.clone());
+    }
+    if let Some(token) = &overrides.admin_token {
+        file.admin_token = Some(token.clone());
+    }
+    if let Some(url) = &overrides.database_url {
+        let store = file.store.get_or_insert_with(Default::default);
+        store.embedded = None;
+        store.postgres.get_or_insert_with(Default::default).url = Some(url.clone());
+    }
+}
+
+/// Only the store section, for commands that need nothing else (`migrate`).
+pub(crate) fn build_store_only(
+    mut file: FileConfig,
+    overrides: &Overrides,
+) -> Result<StoreConfig, Vec<String>> {
+    apply_overrides(&mut file, overrides);
+    let mut problems = Problems::default();
+    match build_store(&mut problems, &file) {
+        Some(store) if problems.0.is_empty() => Ok(store),
+        _ => Err(problems.0),
+    }
+}
+
+pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Config, Vec<String>> {
+    let mut problems = Problems::default();
+    apply_overrides(&mut file, overrides);
+
+    let listen = parse_addr(
+        &mut problems,
+        "listen",
+        file.listen.as_deref(),
+        DEFAULT_LISTEN,
+    );
+    let admin_listen = parse_addr(
+        &mut problems,
+        "admin_listen",
+        file.admin_listen.as_deref(),
+        DEFAULT_ADMIN_LISTEN,
+    );
+    let upstream = build_upstream(&mut problems, &file);
+    let store = build_store(&mut problems, &file);
+    let client_id = build_client_id(&mut problems, &file);
+    let shutdown_grace = file.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0);
+    let admin_token = file.admin_token.clone().filter(|t| !t.is_empty());
+    if let Some(addr) = admin_listen {
+        if !addr.ip().is_loopback() && admin_token.is_none() {
+            problems.push(
+                "admin_token",
+                format!("required when admin_listen ({addr}) is not a loopback address; set it or IDEMPROXY_ADMIN_TOKEN"),
+            );
+        }
+    }
+    let sweep = file.sweep.as_ref();
+    let sweep_interval = sweep
+        .and_then(|s| s.interval)
+        .map_or(DEFAULT_SWEEP_INTERVAL, |d| d.0);
+    let sweep_batch = sweep.and_then(|s| s.batch).unwrap_or(DEFAULT_SWEEP_BATCH);
+    if !(1..=100_000).contains(&sweep_batch) {
+        problems.push("sweep.batch", "must be between 1 and 100000");
+    }
+    if sweep_interval.is_zero() {
+        problems.push("sweep.interval", "must be more than 0s");
+    }
+    let limits = build_limits(&mut problems, file.limits.as_ref());
+    let tls = build_listener_tls(&mut problems, file.tls.as_ref());
+
+    let store_timeout = store
+        .as_ref()
+        .map_or(DEFAULT_STORE_TIMEOUT, StoreConfig::timeout);
+    let defaults = file.defaults.unwrap_or_default();
+    let base = merge_policy(&mut problems, "defaults", None, &defaults, store_timeout);
+
+    let implicit_routes = file.routes.is_none();
+    let routes = match (&file.routes, &base) {
+        (None, Some(base)) => vec![Route {
+            name: "default".into(),
+            methods: vec![Method::POST, Method::PATCH],
+            pattern: PathPattern::parse("/*").expect("constant pattern is valid"),
+            policy: base.clone(),
+        }],
+        (Some(routes), _) if routes.is_empty() => {
+            problems.push(
+                "routes",
+                "an empty list protects nothing; leave `routes` out to protect every POST and PATCH that carries a key, or list at least one route",
+            );
+            Vec::new()
+        }
+        (Some(routes), Some(base)) => build_routes(&mut problems, routes, base, store_timeout),
+        (_, None) => Vec::new(),
+    };
+    let warnings = routes::shadowed(&routes);
+
+    match (listen, admin_listen, upstream, store, client_id) {
+        (Some(listen), Some(admin_listen), Some(upstream), Some(store), Some(client_id))
+            if problems.0.is_empty() =>
+        {
+            Ok(Config {
+                listen,
+                admin_listen,
+                upstream,
+                store,
+                client_id,
+                routes: RouteTable::new(routes),
+                shutdown_grace,
+                implicit_routes,
+                warnings,
+                admin_token,
+                sweep_interval,
+                sweep_batch,
+                limits,
+                tls,
+            })
+        }
+        _ => Err(problems.0),
+    }
+}
+
+fn build_limits(p: &mut Problems, file: Option<&super::file::FileLimits>) -> Limits {
+    let limits = Limits {
+        max_connections: file
+            .and_then(|l| l.max_connections)
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS),
+        header_read_timeout: file
+            .and_then(|l| l.header_read_timeout)
+            .map_or(DEFAULT_HEADER_READ_TIMEOUT, |d| d.0),
+        body_read_timeout: file
+            .and_then(|l| l.body_read_timeout)
+            .map_or(DEFAULT_BODY_READ_TIMEOUT, |d| d.0),
+        max_header_bytes: file
+            .and_then(|l| l.max_header_bytes)
+            .map_or(DEFAULT_MAX_HEADER_BYTES, |s| {
+                usize::try_from(s.0).unwrap_or(usize::MAX)
+            }),
+    };
+    if limits.max_connections == 0 {
+        p.push("limits.max_connections", "must be at least 1");
+    }
+    if limits.header_read_timeout.is_zero() {
+        p.push("limits.header_read_timeout", "must be more than 0s");
+    }
+    if limits.body_read_timeout.is_zero() {
+        p.push("limits.body_read_timeout", "must be more than 0s");
+    }
+    if !(8192..=1 << 24).contains(&limits.max_header_bytes) {
+        p.push("limits.max_header_bytes", "must be between 8KiB and 16MiB");
+    }
+    limits
+}
+
+fn parse_addr(
+    p: &mut Problems,
+    key: &str,
+    value: Option<&str>,
+    default: &str,
+) -> Option<SocketAddr> {
+    let text = value.unwrap_or(default);
+    match text.parse() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            p.push(
+                key,
+                format!("`{text}` is not an address like 127.0.0.1:8080"),
+            );
+            None
+        }
+    }
+}
+
+fn build_client_id(p: &mut Problems, file: &FileConfig) -> Option<ClientIdSource> {
+    let Some(c) = &file.client_id else {
+        return Some(ClientIdSource::Static("default".into()));
+    };
+    let given = [
+        c.header.is_some(),
+        c.authorization.is_some(),
+        c.static_name.is_some(),
+    ];
+    if given.iter().filter(|g| **g).count() != 1 {
+        p.push(
+            "client_id",
+            "set exactly one of `header`, `authorization` or `static`",
+        );
+        return None;
+    }
+    if let Some(h) = &c.header {
+        return match HeaderName::from_bytes(h.as_bytes()) {
+            Ok(name) => Some(ClientIdSource::Header(name)),
+            Err(_) => {
+                p.push("client_id.header", format!("`{h}` is not a header name"));
+                None
+            }
+        };
+    }
+    if let Some(a) = &c.authorization {
+        if a != "sha256" {
+            p.push(
+                "client_id.authorization",
+                format!("`{a}`: the only supported value is `sha256`"),
+            );
+            return None;
+        }
+        return Some(ClientIdSource::AuthorizationSha256);
+    }
+    let name = c.static_name.clone().unwrap_or_default();
+    if name.is_empty() || !crate::proxy::is_visible_ascii(&name) {
+        p.push(
+            "client_id.static",
+            "must be a non-empty printable ASCII name",
+        );
+        return None;
+    }
+    Some(ClientIdSource::Static(name))
+}
+
+fn header_name(p: &mut Problems, key: String, value: &str) -> Option<HeaderName> {
+    match HeaderName::from_bytes(value.as_bytes()) {
+        Ok(name) if HOP_BY_HOP.contains(&name.as_str()) => {
+            p.push(
+                key,
+                format!("`{value}` is a hop-by-hop header and cannot be used here"),
+            );
+            None
+        }
+        Ok(name) => Some(name),
+        Err(_) => {
+            p.push(key, format!("`{value}` is not a header name"));
+            None
+        }
+    }
+}
