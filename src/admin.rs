@@ -2,7 +2,8 @@
 //! operator never has to open `psql` at 3 a.m.
 //!
 //! - `GET /healthz` — the process is up.
-//! - `GET /readyz` — the store answers (`503` otherwise).
+//! - `GET /readyz` — taking requests, and the store answers with a migrated schema (`503`
+//!   otherwise, saying which: shutting down, store unreachable, failed or not migrated).
 //! - `GET /metrics` — Prometheus / OpenMetrics text.
 //! - `GET /admin/keys/{client_id}/{key}` — where a key stands.
 //! - `DELETE /admin/keys/{client_id}/{key}` — evict it (the next request executes afresh).
@@ -26,7 +27,7 @@ use tokio::net::TcpListener;
 use crate::problem::Problem;
 use crate::proxy::body::{ProxyBody, full};
 use crate::proxy::{Proxy, hex};
-use crate::store::{KeyRecord, KeyStore};
+use crate::store::{KeyRecord, KeyStore, StoreError};
 
 /// Most rows `/admin/stuck` returns.
 const MAX_STUCK: i64 = 1000;
@@ -67,6 +68,49 @@ pub async fn run<S: KeyStore>(
     }
 }
 
+/// `/readyz`: ready while the proxy takes requests and the store answers with a migrated
+/// schema; each "not ready" says why, so that an operator knows where to look.
+async fn ready<S: KeyStore>(proxy: &Proxy<S>) -> Response<ProxyBody> {
+    if proxy.is_draining() {
+        return problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting-down",
+            "Shutting down",
+            "The proxy is shutting down: it finishes the requests in flight and takes no new ones.",
+        );
+    }
+    match proxy.store().ping().await {
+        Ok(()) => text(StatusCode::OK, "text/plain", "ready\n"),
+        Err(e @ StoreError::SchemaBehind { .. }) => {
+            tracing::warn!(cause = %e, "not ready: store schema not migrated");
+            problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-not-migrated",
+                "Store schema not migrated",
+                &format!("The idempotency store answers, but {e}."),
+            )
+        }
+        Err(e) if e.is_unreachable() => {
+            tracing::warn!(cause = %e, "not ready: store unreachable");
+            problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "Store unavailable",
+                "The idempotency store cannot be reached.",
+            )
+        }
+        Err(e) => {
+            tracing::warn!(cause = %e, "not ready: store failed");
+            problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-failed",
+                "Store failed",
+                "The idempotency store answers with an error; the cause is in the proxy's log.",
+            )
+        }
+    }
+}
+
 /// Answers one admin request.
 pub async fn handle<S: KeyStore>(
     proxy: &Proxy<S>,
@@ -77,18 +121,7 @@ pub async fn handle<S: KeyStore>(
     let method = req.method().clone();
     match (&method, path.as_str()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "text/plain", "ok\n"),
-        (&Method::GET, "/readyz") => match proxy.store().ping().await {
-            Ok(()) => text(StatusCode::OK, "text/plain", "ready\n"),
-            Err(e) => {
-                tracing::warn!(cause = %e, "not ready: store unreachable");
-                problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store-unavailable",
-                    "Store unavailable",
-                    "The idempotency store cannot be reached.",
-                )
-            }
-        },
+        (&Method::GET, "/readyz") => ready(proxy).await,
         (&Method::GET, "/metrics") => {
             let metrics = proxy.metrics();
             if let Some(pool) = proxy.store().pool_status() {

@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use idemproxy::config::{self, Config, Overrides, StoreConfig};
 use idemproxy::metrics::Metrics;
 use idemproxy::proxy::Proxy;
-use idemproxy::store::{AnyStore, KeyStore, PgStore, migrate};
+use idemproxy::store::{AnyStore, KeyStore, PgStore, StoreError, migrate};
 use idemproxy::sweep;
 use tokio::net::TcpListener;
 
@@ -141,7 +141,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             apply_migrations(&store).await
         }
         Command::Sweep => {
-            let store = AnyStore::open(&config::load_store(path, &overrides)?)
+            // Never creates a store: a sweep of the wrong path must not make an empty one.
+            let store = AnyStore::open_for_process(&config::load_store(path, &overrides)?, false)
                 .context("opening the store")?;
             let batch = config::load(path, &overrides)
                 .map_or(config::DEFAULT_SWEEP_BATCH, |c| c.sweep_batch);
@@ -215,26 +216,7 @@ async fn apply_migrations(store: &PgStore) -> anyhow::Result<()> {
 }
 
 async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> {
-    let store = AnyStore::open(&config.store).context("opening the store")?;
-    match &store {
-        AnyStore::Postgres(pg) => {
-            tracing::info!(
-                store = "postgres",
-                "using the PostgreSQL store (shared by every replica on this database)"
-            );
-            if run_migrations {
-                apply_migrations(pg).await?;
-            }
-        }
-        AnyStore::Embedded(embedded) => tracing::warn!(
-            store = "embedded",
-            path = %embedded.path().display(),
-            "using the embedded store: for ONE proxy instance only; instances with separate files do not share keys (use PostgreSQL for replicas)"
-        ),
-    }
-    if let Err(e) = store.ping().await {
-        tracing::warn!(cause = %e, "store unreachable at start; protected requests get 503 until it is back");
-    }
+    let store = open_store(&config, run_migrations).await?;
     for warning in &config.warnings {
         tracing::warn!(%warning, "configuration");
     }
@@ -279,18 +261,69 @@ async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> 
         config.sweep_batch,
         Arc::clone(proxy.metrics()),
     ));
-    let served = idemproxy::server::run_threaded(
-        listeners,
-        proxy,
-        idemproxy::shutdown::signal(),
-        config.shutdown_grace,
-    )
-    .await
-    .context("starting the server threads");
+    let tasks = proxy.tasks().clone();
+    let shutdown = async move {
+        idemproxy::shutdown::signal().await;
+        // A second signal means "now": an operator who cannot wait for the drain.
+        tokio::spawn(async move {
+            idemproxy::shutdown::signal().await;
+            tracing::error!(
+                still_running = tasks.len(),
+                "second stop signal: exiting at once; keys still in flight free up when their leases run out"
+            );
+            std::process::exit(2);
+        });
+    };
+    let drained =
+        idemproxy::server::run_threaded(listeners, proxy, shutdown, config.shutdown_grace)
+            .await
+            .context("starting the server threads");
     sweeper.abort();
     drop(stop);
     let _ = admin.await;
-    served
+    if !drained? {
+        bail!(
+            "the shutdown grace period ({}) ran out with requests still in flight",
+            config::units::format_duration(config.shutdown_grace)
+        );
+    }
+    Ok(())
+}
+
+/// Opens the configured store for this process, says which it is, and refuses to start
+/// on one that cannot work: an embedded file another process holds, a PostgreSQL schema
+/// that is missing or older than this binary (unless `--migrate`), a database that
+/// answers with errors. A database that cannot be reached yet is only a warning:
+/// protected requests get `503` until it is back.
+async fn open_store(config: &Config, run_migrations: bool) -> anyhow::Result<AnyStore> {
+    let store = AnyStore::open_for_process(&config.store, true).context("opening the store")?;
+    match (&store, &config.store) {
+        (AnyStore::Postgres(pg), StoreConfig::Postgres(settings)) => {
+            tracing::info!(
+                store = "postgres",
+                target = %settings.target(),
+                "using the PostgreSQL store (shared by every replica on this database)"
+            );
+            if run_migrations {
+                apply_migrations(pg).await?;
+            }
+        }
+        (AnyStore::Embedded(embedded), _) => tracing::warn!(
+            store = "embedded",
+            path = %embedded.path().display(),
+            "using the embedded store: for ONE proxy instance only; instances with separate files do not share keys (use PostgreSQL for replicas)"
+        ),
+        (AnyStore::Postgres(_), StoreConfig::Embedded { .. }) => {}
+    }
+    match store.ping().await {
+        Ok(()) => {}
+        Err(e @ StoreError::SchemaBehind { .. }) => bail!("the store is not ready: {e}"),
+        Err(e) if e.is_unreachable() => {
+            tracing::warn!(cause = %e, "store unreachable at start; protected requests get 503 until it is back");
+        }
+        Err(e) => return Err(e).context("the store answers with an error"),
+    }
+    Ok(store)
 }
 
 /// Server threads: `TOKIO_WORKER_THREADS` if set, else one per core the process may use.

@@ -165,10 +165,15 @@ impl ProxyError {
                 "Result cannot be replayed",
                 format!("A request with this idempotency key was already executed (upstream status {status}), but its answer was too large to store, so it cannot be replayed. It will not be executed again: do not retry this key; look the operation up with the upstream service instead."),
             ),
-            ProxyError::StoreUnavailable(_) => (
+            ProxyError::StoreUnavailable(e) if e.is_unreachable() => (
                 "store-unavailable",
                 "Idempotency store unavailable",
                 "The idempotency store cannot be reached, so the request was not forwarded. It is safe to retry with the same key.".to_owned(),
+            ),
+            ProxyError::StoreUnavailable(_) => (
+                "store-failed",
+                "Idempotency store failed",
+                "The idempotency store answered with an error, so the request was not forwarded. The operator has the cause in the proxy's log; it is safe to retry with the same key.".to_owned(),
             ),
             ProxyError::UpstreamUnreachable(_) => (
                 "upstream-unreachable",

@@ -34,18 +34,27 @@ use crate::proxy::Proxy;
 use crate::store::KeyStore;
 
 /// Serves `proxy` on `listener` until `shutdown` resolves, then stops accepting, lets
-/// in-flight requests and their completions finish (up to `grace`), and returns.
+/// in-flight requests and their completions finish (up to `grace`), and returns whether
+/// all of them did.
 pub async fn run<S: KeyStore>(
     listener: TcpListener,
     proxy: Proxy<S>,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
-) {
+) -> bool {
     let gate = Gate::new(proxy.config().limits.max_connections);
     let graceful = accept(listener, &proxy, shutdown, &gate).await;
+    start_drain(&proxy, &gate);
+    let drained = drain(graceful, &proxy, grace).await;
+    report_drain(drained, &proxy, grace);
+    drained
+}
+
+/// The moment shutdown starts: readiness turns false, idle connections are closed.
+fn start_drain<S: KeyStore>(proxy: &Proxy<S>, gate: &Gate) {
+    proxy.start_draining();
     gate.draining.cancel();
-    tracing::info!("shutting down: no longer accepting; finishing in-flight requests");
-    report_drain(drain(graceful, &proxy, grace).await, &proxy, grace);
+    tracing::info!("shutting down: not ready, no longer accepting; finishing in-flight requests");
 }
 
 /// Binds `threads` listening sockets to `addr` for [`run_threaded`], one per server
@@ -87,17 +96,18 @@ pub async fn bind(addr: SocketAddr, threads: usize) -> std::io::Result<Vec<std::
 /// on shutdown every thread stops accepting and all of them drain together.
 ///
 /// The calling thread must run a current-thread runtime: a work-stealing one would move
-/// this thread's connections to its other workers again.
+/// this thread's connections to its other workers again. Returns whether every in-flight
+/// request finished within `grace`.
 pub async fn run_threaded<S: KeyStore + Clone>(
     listeners: Vec<std::net::TcpListener>,
     proxy: Proxy<S>,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
-) -> std::io::Result<()> {
+) -> std::io::Result<bool> {
     let gate = Gate::new(proxy.config().limits.max_connections);
     let mut listeners = listeners.into_iter();
     let Some(first) = listeners.next() else {
-        return Ok(());
+        return Ok(true);
     };
     // Every runtime is built before any thread starts, so a failure leaves nothing running.
     let others = listeners
@@ -137,15 +147,14 @@ pub async fn run_threaded<S: KeyStore + Clone>(
     }
     let graceful = accept(first, &proxy, shutdown, &gate).await;
     let _ = stop.send(true);
-    gate.draining.cancel();
-    tracing::info!("shutting down: no longer accepting; finishing in-flight requests");
+    start_drain(&proxy, &gate);
     let mut all = drain(graceful, &proxy, grace).await;
     for finished in drained {
         all &= finished.await.unwrap_or(false);
     }
     let _ = release.send(true);
     report_drain(all, &proxy, grace);
-    Ok(())
+    Ok(all)
 }
 
 /// Resolves once the flag is raised (or its sender is gone).

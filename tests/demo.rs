@@ -40,6 +40,61 @@ async fn demo_plays_the_seed() {
     }
 }
 
+/// The image declares a volume for the embedded store, owned by its user, and every
+/// example configuration's embedded store path lies in it (relative paths resolve against
+/// the image's working directory, which is that volume).
+#[test]
+fn example_store_paths_live_in_the_image_volume() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    let runtime = dockerfile.rsplit("\nFROM ").next().unwrap();
+    let directive = |name: &str| {
+        runtime
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("no {name} in the runtime stage"))
+            .to_owned()
+    };
+    let volume = directive("VOLUME ");
+    let volume = volume.trim_matches(|c| c == '[' || c == ']' || c == '"');
+    assert_eq!(
+        directive("WORKDIR "),
+        volume,
+        "relative paths land in the volume"
+    );
+    let user = directive("USER ");
+    assert!(user.starts_with("nonroot"), "{user}");
+    assert!(
+        runtime
+            .lines()
+            .any(|l| l.contains("--chown=65532:65532") && l.trim_end().ends_with(volume)),
+        "the volume's directory is owned by the image's user (nonroot is 65532)"
+    );
+    let mut checked = 0;
+    for entry in std::fs::read_dir(root.join("config")).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let file = idemproxy::config::parse_file(&text).unwrap();
+        let Some(embedded) = file.store.and_then(|s| s.embedded) else {
+            continue;
+        };
+        let store = embedded.path.unwrap_or_else(|| "./idemproxy.db".into());
+        let resolved = std::path::Path::new(volume).join(&store);
+        let normal: std::path::PathBuf = resolved
+            .components()
+            .filter(|c| !matches!(c, std::path::Component::CurDir))
+            .collect();
+        assert!(
+            normal.starts_with(volume) && !store.contains(".."),
+            "{}: store path {store} is outside the image's volume {volume}",
+            path.display()
+        );
+        checked += 1;
+    }
+    assert!(checked >= 2, "the embedded examples were found");
+}
+
 /// Every example configuration in `config/` is valid (`idemproxy check-config`).
 #[test]
 fn example_configs_are_valid() {
@@ -48,17 +103,26 @@ fn example_configs_are_valid() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "yaml") {
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"));
+            command
                 .arg("check-config")
                 .arg("--config")
                 .arg(&path)
-                .env(
+                .env("IDEMPROXY_ADMIN_TOKEN", "example");
+            // PostgreSQL configurations take their URL from the environment, as deployed;
+            // an embedded one next to DATABASE_URL would be refused as a conflict.
+            if std::fs::read_to_string(&path)
+                .unwrap()
+                .contains("postgres:")
+            {
+                command.env(
                     "DATABASE_URL",
                     "postgres://postgres@127.0.0.1:5432/idemproxy",
-                )
-                .env("IDEMPROXY_ADMIN_TOKEN", "example")
-                .output()
-                .unwrap();
+                );
+            } else {
+                command.env_remove("DATABASE_URL");
+            }
+            let out = command.output().unwrap();
             assert!(
                 out.status.success(),
                 "{}: {}",
@@ -182,7 +246,8 @@ async fn demo_provider_fails_and_hangs_on_request() {
 /// `check-config` on a broken file prints every error with its key and exits non-zero.
 #[test]
 fn check_config_reports_errors() {
-    let path = std::env::temp_dir().join(format!("idemproxy-bad-{}.yaml", std::process::id()));
+    let dir = TempDir::new("bad-config");
+    let path = dir.join("bad.yaml");
     std::fs::write(
         &path,
         "upstream:\n  url: http://127.0.0.1:1\ndefaults:\n  lease: 1s\n  retention: 1s\n",

@@ -274,12 +274,7 @@ async fn sweep_command(db: Backend) {
         ));
     }
     tokio::time::sleep(Duration::from_millis(30)).await;
-    let dir = std::env::temp_dir().join(format!(
-        "idemproxy-sweep-{}-{}",
-        std::process::id(),
-        db.rows().await
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("sweep");
     let config = dir.join("sweep.yaml");
     std::fs::write(&config, db.store_yaml()).unwrap();
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))

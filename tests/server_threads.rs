@@ -63,7 +63,8 @@ on_both_stores!(duplicates_over_server_threads_execute_once);
 /// port must fail to start instead, as it would without the option.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn second_process_on_a_taken_port_does_not_start() {
-    let db = Backend::embedded();
+    // PostgreSQL: a second process on one embedded file is refused before it binds.
+    let db = Backend::postgres().await;
     let upstream = Upstream::spawn(Behavior::default()).await;
     let first = ProxyProcess::spawn(&db.patient_payments(), &upstream, &db).await;
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))

@@ -26,6 +26,12 @@ struct Pki {
     dir: PathBuf,
 }
 
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 impl Pki {
     fn new(name: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("idemproxy-tls-{}-{name}", std::process::id()));

@@ -163,6 +163,39 @@ impl fmt::Debug for PostgresConfig {
     }
 }
 
+impl PostgresConfig {
+    /// Where the URL points — hosts, database and user, never the password — for the
+    /// start-up log.
+    pub fn target(&self) -> String {
+        let Ok(pg) = self.url.parse::<tokio_postgres::Config>() else {
+            return "(unparsable URL)".to_owned();
+        };
+        let ports = pg.get_ports();
+        let hosts: Vec<String> = pg
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, host)| {
+                let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+                match host {
+                    tokio_postgres::config::Host::Tcp(h) => format!("{h}:{port}"),
+                    tokio_postgres::config::Host::Unix(dir) => format!("{}:{port}", dir.display()),
+                }
+            })
+            .collect();
+        format!(
+            "host={} dbname={} user={}",
+            if hosts.is_empty() {
+                "localhost:5432".to_owned()
+            } else {
+                hosts.join(",")
+            },
+            pg.get_dbname().or(pg.get_user()).unwrap_or("postgres"),
+            pg.get_user().unwrap_or("(default)")
+        )
+    }
+}
+
 impl StoreConfig {
     /// Bound on one store call, used to check that leases can be renewed in time.
     pub fn timeout(&self) -> Duration {

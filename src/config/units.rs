@@ -114,7 +114,7 @@ pub fn format_duration(d: Duration) -> String {
         ("m", 60_000),
         ("s", 1_000),
     ] {
-        if ms % per == 0 {
+        if ms.is_multiple_of(per) {
             return format!("{}{unit}", ms / per);
         }
     }
@@ -124,7 +124,7 @@ pub fn format_duration(d: Duration) -> String {
 /// Formats a size the way the parser reads it, for `check-config` output.
 pub fn format_size(bytes: u64) -> String {
     for (unit, per) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if bytes >= per && bytes % per == 0 {
+        if bytes >= per && bytes.is_multiple_of(per) {
             return format!("{}{unit}", bytes / per);
         }
     }

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use http::{Request, Response, Uri};
@@ -37,6 +38,9 @@ pub(crate) struct Shared<S> {
     /// Detached executions (upstream call + completion). They outlive the client's
     /// connection on purpose; shutdown waits for them so no answer is left unstored.
     pub tasks: TaskTracker,
+    /// Raised when shutdown starts, so that readiness turns false at once and load
+    /// balancers stop sending; shared by every server thread.
+    pub draining: Arc<AtomicBool>,
 }
 
 /// The idempotency proxy. Cheap to clone: clones share one state.
@@ -64,6 +68,7 @@ impl<S: KeyStore> Proxy<S> {
                 metrics: Arc::new(Metrics::new()),
                 unrouted: Arc::from("-"),
                 tasks: TaskTracker::new(),
+                draining: Arc::default(),
             }),
         }
     }
@@ -83,6 +88,7 @@ impl<S: KeyStore> Proxy<S> {
                 metrics: Arc::clone(&shared.metrics),
                 unrouted: Arc::clone(&shared.unrouted),
                 tasks: shared.tasks.clone(),
+                draining: Arc::clone(&shared.draining),
             }),
         }
     }
@@ -100,6 +106,16 @@ impl<S: KeyStore> Proxy<S> {
     /// Detached executions still running; `server::run` waits for them on shutdown.
     pub fn tasks(&self) -> &TaskTracker {
         &self.shared.tasks
+    }
+
+    /// Marks the proxy as shutting down: `/readyz` answers `503` from now on.
+    pub fn start_draining(&self) {
+        self.shared.draining.store(true, Ordering::Release);
+    }
+
+    /// Whether shutdown has started.
+    pub fn is_draining(&self) -> bool {
+        self.shared.draining.load(Ordering::Acquire)
     }
 
     /// What the proxy has counted; the admin listener renders it.

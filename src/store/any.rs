@@ -31,6 +31,18 @@ impl AnyStore {
         })
     }
 
+    /// Opens the configured store as a process's own: the embedded file locked against a
+    /// second process, and created only when `create` (see
+    /// [`EmbeddedStore::open_exclusive`]).
+    pub fn open_for_process(config: &StoreConfig, create: bool) -> Result<Self, StoreError> {
+        Ok(match config {
+            StoreConfig::Postgres(pg) => AnyStore::Postgres(PgStore::new(pg)?),
+            StoreConfig::Embedded { path, timeout } => {
+                AnyStore::Embedded(EmbeddedStore::open_exclusive(path, *timeout, create)?)
+            }
+        })
+    }
+
     /// `postgres` or `embedded`, for logs.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -69,6 +69,9 @@ struct Inner {
     path: PathBuf,
     /// Bound on one call.
     timeout: Duration,
+    /// An exclusive lock on the file while a process serves from it (see
+    /// [`EmbeddedStore::open_exclusive`]); released when the process ends, however it ends.
+    _lock: Option<std::fs::File>,
 }
 
 /// Calls on blocking-pool threads at once: one runs, the others are already waiting on
@@ -89,7 +92,54 @@ fn millis(d: Duration) -> i64 {
 }
 
 impl EmbeddedStore {
-    /// Opens (creating if needed) the store file and brings its schema up to date.
+    /// Opens the store file for this process alone, as `serve` and `sweep` do: a second
+    /// process on the same file is refused (two processes would each believe they hold
+    /// every key, and waiting duplicates in one would never hear of completions in the
+    /// other). With `create` false a missing file is an error instead of a new, empty
+    /// store: a command pointed at the wrong path must not pretend there were no keys.
+    pub fn open_exclusive(
+        path: &Path,
+        timeout: Duration,
+        create: bool,
+    ) -> Result<Self, StoreError> {
+        let path = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+        if !create && !path.exists() {
+            return Err(StoreError::Config(format!(
+                "there is no embedded store at {} (check store.embedded.path; `idemproxy serve` creates it)",
+                path.display()
+            )));
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| StoreError::Config(format!("cannot open {}: {e}", path.display())))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::Config(format!(
+                    "{} is in use by another idemproxy process; the embedded store serves one process only (use PostgreSQL for several, and no `idemproxy sweep` is needed beside `serve`: it sweeps by itself)",
+                    path.display()
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(StoreError::Config(format!(
+                    "cannot lock {}: {e}",
+                    path.display()
+                )));
+            }
+        }
+        let mut store = Self::open(&path, timeout)?;
+        if let Some(inner) = Arc::get_mut(&mut store.inner) {
+            inner._lock = Some(file);
+        }
+        Ok(store)
+    }
+
+    /// Opens (creating if needed) the store file and brings its schema up to date, with no
+    /// lock: for tests and tools that look at a file a process of their own serves from.
     pub fn open(path: &Path, timeout: Duration) -> Result<Self, StoreError> {
         let conn = Connection::open(path)?;
         conn.busy_timeout(timeout)?;
@@ -111,6 +161,7 @@ impl EmbeddedStore {
                 waiters: Waiters::default(),
                 path: path.to_owned(),
                 timeout,
+                _lock: None,
             }),
         })
     }

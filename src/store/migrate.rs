@@ -14,6 +14,9 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
     include_str!("../../migrations/0001_idempotency_keys.sql"),
 )];
 
+/// The schema version this binary needs: the last migration's.
+pub const LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
+
 /// An arbitrary constant shared by every idemproxy process ("idem" in ASCII).
 const MIGRATION_LOCK: i64 = 0x6964_656d;
 

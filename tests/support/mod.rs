@@ -29,12 +29,89 @@ pub fn admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
-const TEST_DB: &str = "idemproxy_test";
+/// The database the tests make their schemas in: `IDEMPROXY_TEST_DB` (`.ci/run` gives
+/// each run its own), else `idemproxy_test`. Never dropped by the tests: another run may
+/// be using it.
+pub fn test_db() -> String {
+    std::env::var("IDEMPROXY_TEST_DB").unwrap_or_else(|_| "idemproxy_test".into())
+}
 
-/// A fresh schema in the test database with the migrations applied.
+/// Connections each test store may open: tests run many proxies at once on a server
+/// that allows 100 connections in all.
+pub const TEST_POOL_SIZE: usize = 4;
+
+/// A fresh schema in the test database with the migrations applied; dropped again when
+/// this is dropped.
 pub struct TestDb {
     pub url: String,
     pub schema: String,
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let schema = self.schema.clone();
+        // Drop runs inside the test's runtime, which cannot block on itself: a thread with
+        // a runtime of its own does the work, and a lock timeout bounds it.
+        let done = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(drop_schemas(&[schema]));
+        });
+        let _ = done.join();
+    }
+}
+
+/// Connects to the test database.
+async fn test_db_client() -> Option<tokio_postgres::Client> {
+    let mut cfg: tokio_postgres::Config = admin_url().parse().ok()?;
+    cfg.dbname(test_db());
+    let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.ok()?;
+    tokio::spawn(conn);
+    Some(client)
+}
+
+async fn drop_schemas(schemas: &[String]) {
+    let Some(client) = test_db_client().await else {
+        return;
+    };
+    let _ = client.batch_execute("SET lock_timeout = '5s'").await;
+    for schema in schemas {
+        let _ = client
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .await;
+    }
+}
+
+/// Drops schemas that test processes no longer running left behind (killed before their
+/// `Drop` ran). A schema is named after its process, so a live run's are never touched.
+async fn drop_abandoned_schemas() {
+    let Some(client) = test_db_client().await else {
+        return;
+    };
+    let Ok(rows) = client
+        .query(
+            "SELECT nspname FROM pg_namespace WHERE nspname LIKE 't\\_%\\_%\\_%'",
+            &[],
+        )
+        .await
+    else {
+        return;
+    };
+    let abandoned: Vec<String> = rows
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .filter(|name| {
+            name.split('_')
+                .nth(1)
+                .and_then(|pid| pid.parse::<u32>().ok())
+                .is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+        })
+        .collect();
+    drop_schemas(&abandoned).await;
 }
 
 impl TestDb {
@@ -54,7 +131,7 @@ impl TestDb {
             .expect("PostgreSQL must be running for the integration tests (see README)");
         tokio::spawn(conn);
         if let Err(e) = client
-            .batch_execute(&format!("CREATE DATABASE {TEST_DB}"))
+            .batch_execute(&format!("CREATE DATABASE {}", test_db()))
             .await
         {
             // Several test processes race to create it; losing the race is fine.
@@ -63,6 +140,12 @@ impl TestDb {
                 code == "42P04" || code == "23505",
                 "creating the test database: {e}"
             );
+        }
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        let mut first = false;
+        SWEPT.call_once(|| first = true);
+        if first {
+            drop_abandoned_schemas().await;
         }
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let nanos = std::time::SystemTime::now()
@@ -75,10 +158,9 @@ impl TestDb {
             nanos,
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
-        let mut cfg: tokio_postgres::Config = admin.parse().unwrap();
-        cfg.dbname(TEST_DB);
-        let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(conn);
+        let client = test_db_client()
+            .await
+            .expect("connecting to the test database");
         client
             .batch_execute(&format!("CREATE SCHEMA {schema}"))
             .await
@@ -99,7 +181,11 @@ impl TestDb {
         .unwrap() else {
             unreachable!()
         };
-        PgStore::new(&pg).unwrap()
+        PgStore::new(&idemproxy::config::PostgresConfig {
+            pool_size: TEST_POOL_SIZE,
+            ..pg
+        })
+        .unwrap()
     }
 
     /// A plain client on this schema, for looking at rows.
@@ -122,6 +208,33 @@ impl TestDb {
     }
 }
 
+/// A directory of its own under the system's temporary directory, removed on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(label: &str) -> Self {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "idemproxy-{label}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    pub fn join(&self, name: &str) -> std::path::PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Which store a test runs on: the same scenarios must hold on both.
 pub enum Backend {
     Postgres(TestDb),
@@ -136,24 +249,17 @@ impl Backend {
 
     /// A fresh embedded store file in a directory of its own.
     pub fn embedded() -> Self {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "idemproxy-embedded-{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Backend::Embedded(dir.join("keys.db"))
+        let dir = TempDir::new("embedded");
+        let path = dir.join("keys.db");
+        // Removed by `Backend`'s own drop, with the store file in it.
+        std::mem::forget(dir);
+        Backend::Embedded(path)
     }
 
     /// The `store:` section of a configuration for this backend.
     pub fn store_yaml(&self) -> String {
         match self {
-            Backend::Postgres(db) => format!(
-                "store:\n  postgres:\n    url: \"{}\"\n    timeout: 1s\n",
-                db.url
-            ),
+            Backend::Postgres(db) => pg_store_yaml(&db.url),
             Backend::Embedded(path) => {
                 format!(
                     "store:\n  embedded:\n    path: \"{}\"\n    timeout: 1s\n",
@@ -215,6 +321,16 @@ impl Backend {
     }
 }
 
+impl Drop for Backend {
+    fn drop(&mut self) {
+        if let Backend::Embedded(path) = self
+            && let Some(dir) = path.parent()
+        {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
 /// Runs each named `async fn(Backend)` as two tests: on PostgreSQL and on the embedded store.
 #[allow(unused_macros)]
 macro_rules! on_both_stores {
@@ -247,7 +363,7 @@ pub fn with_search_path(admin: &str, schema: &str) -> String {
         base.truncate(q);
     }
     let (prefix, _) = base.rsplit_once('/').expect("database URL has a path");
-    format!("{prefix}/{TEST_DB}?options=-csearch_path%3D{schema}")
+    format!("{prefix}/{}?options=-csearch_path%3D{schema}", test_db())
 }
 
 /// How the fake upstream answers.
@@ -489,12 +605,13 @@ fn percent_decode(text: &str) -> String {
     let mut out = Vec::new();
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(b) = u8::from_str_radix(&text[i + 1..i + 3], 16) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(b) = u8::from_str_radix(&text[i + 1..i + 3], 16)
+        {
+            out.push(b);
+            i += 3;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;
@@ -504,7 +621,9 @@ fn percent_decode(text: &str) -> String {
 
 /// A PostgreSQL `store:` section for `url` (e.g. through a relay).
 pub fn pg_store_yaml(url: &str) -> String {
-    format!("store:\n  postgres:\n    url: \"{url}\"\n    timeout: 1s\n")
+    format!(
+        "store:\n  postgres:\n    url: \"{url}\"\n    timeout: 1s\n    pool_size: {TEST_POOL_SIZE}\n"
+    )
 }
 
 /// A TCP relay that a test can cut (every connection dropped, new ones refused) and
@@ -591,6 +710,8 @@ impl Relay {
 /// The `idemproxy` binary running as its own process, for SIGKILL and SIGTERM tests.
 pub struct ProxyProcess {
     pub addr: SocketAddr,
+    /// Its admin listener (health, readiness, metrics).
+    pub admin: SocketAddr,
     pub child: tokio::process::Child,
     pub log: std::path::PathBuf,
 }
@@ -610,6 +731,11 @@ impl ProxyProcess {
     /// `{admin}` get free ports, and the admin listener is put on `{admin}` when `yaml`
     /// does not say where) and waits until it accepts connections.
     pub async fn spawn(yaml: &str, upstream: &Upstream, db: &Backend) -> Self {
+        Self::spawn_with(yaml, upstream, db, &[]).await
+    }
+
+    /// Like `spawn`, with more arguments for `serve` (e.g. `--migrate`).
+    pub async fn spawn_with(yaml: &str, upstream: &Upstream, db: &Backend, args: &[&str]) -> Self {
         // Both held open while choosing, so the two ports cannot be the same one (two
         // `free_port()` calls in a row can be handed the same port back).
         let held = [free_listener(), free_listener()];
@@ -637,6 +763,7 @@ impl ProxyProcess {
             .arg(&config)
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
+            .args(args)
             .env_remove("DATABASE_URL")
             .env("RUST_LOG", "info")
             // Several server threads whatever the machine, so that connections (and the
@@ -657,7 +784,13 @@ impl ProxyProcess {
             "the proxy process did not start; see {}",
             log.display()
         );
-        ProxyProcess { addr, child, log }
+        let admin: SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
+        ProxyProcess {
+            addr,
+            admin,
+            child,
+            log,
+        }
     }
 
     /// The configuration file it was started with.
@@ -668,6 +801,11 @@ impl ProxyProcess {
     /// The process's log so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The directory holding its configuration and log.
+    pub fn dir(&self) -> &std::path::Path {
+        self.log.parent().unwrap_or(&self.log)
     }
 
     /// SIGKILL: no cleanup, no drain — a crash.
@@ -687,6 +825,13 @@ impl ProxyProcess {
     }
 }
 
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = std::fs::remove_dir_all(self.dir());
+    }
+}
+
 /// A client for a proxy at `addr`.
 pub fn client_for(addr: SocketAddr) -> TestClient {
     TestClient::at(addr)
@@ -699,7 +844,7 @@ pub struct TestProxy {
     pub admin: SocketAddr,
     pub metrics: Arc<idemproxy::metrics::Metrics>,
     shutdown: Option<oneshot::Sender<()>>,
-    handle: tokio::task::JoinHandle<()>,
+    handle: tokio::task::JoinHandle<bool>,
     admin_handle: tokio::task::JoinHandle<()>,
 }
 

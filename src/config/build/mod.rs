@@ -54,7 +54,11 @@ pub(crate) const HOP_BY_HOP: [&str; 9] = [
     "upgrade",
 ];
 
-fn apply_overrides(file: &mut FileConfig, overrides: &Overrides) {
+/// Puts the command line and environment over the file. A PostgreSQL URL from there
+/// replaces the file's URL, but never a store the file chose otherwise: a file that says
+/// `store.embedded` and an environment that says PostgreSQL is a deploy slip, and either
+/// guess would keep keys where the operator does not look.
+fn apply_overrides(p: &mut Problems, file: &mut FileConfig, overrides: &Overrides) {
     if let Some(listen) = &overrides.listen {
         file.listen = Some(listen.clone());
     }
@@ -66,7 +70,13 @@ fn apply_overrides(file: &mut FileConfig, overrides: &Overrides) {
     }
     if let Some(url) = &overrides.database_url {
         let store = file.store.get_or_insert_with(Default::default);
-        store.embedded = None;
+        if store.embedded.is_some() {
+            p.push(
+                "store",
+                "the file chooses `store.embedded`, but DATABASE_URL (or --database-url) names a PostgreSQL store: remove one of them (`store.postgres` in the file takes the URL from the environment)",
+            );
+            return;
+        }
         store.postgres.get_or_insert_with(Default::default).url = Some(url.clone());
     }
 }
@@ -76,8 +86,8 @@ pub(crate) fn build_store_only(
     mut file: FileConfig,
     overrides: &Overrides,
 ) -> Result<StoreConfig, Vec<String>> {
-    apply_overrides(&mut file, overrides);
     let mut problems = Problems::default();
+    apply_overrides(&mut problems, &mut file, overrides);
     match build_store(&mut problems, &file) {
         Some(store) if problems.0.is_empty() => Ok(store),
         _ => Err(problems.0),
@@ -86,7 +96,7 @@ pub(crate) fn build_store_only(
 
 pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Config, Vec<String>> {
     let mut problems = Problems::default();
-    apply_overrides(&mut file, overrides);
+    apply_overrides(&mut problems, &mut file, overrides);
 
     let listen = parse_addr(
         &mut problems,
@@ -105,13 +115,14 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
     let client_id = build_client_id(&mut problems, &file);
     let shutdown_grace = file.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0);
     let admin_token = file.admin_token.clone().filter(|t| !t.is_empty());
-    if let Some(addr) = admin_listen {
-        if !addr.ip().is_loopback() && admin_token.is_none() {
-            problems.push(
-                "admin_token",
-                format!("required when admin_listen ({addr}) is not a loopback address; set it or IDEMPROXY_ADMIN_TOKEN"),
-            );
-        }
+    if let Some(addr) = admin_listen
+        && !addr.ip().is_loopback()
+        && admin_token.is_none()
+    {
+        problems.push(
+            "admin_token",
+            format!("required when admin_listen ({addr}) is not a loopback address; set it or IDEMPROXY_ADMIN_TOKEN"),
+        );
     }
     let sweep = file.sweep.as_ref();
     let sweep_interval = sweep
