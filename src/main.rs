@@ -316,7 +316,20 @@ async fn open_store(config: &Config, run_migrations: bool) -> anyhow::Result<Any
         (AnyStore::Postgres(_), StoreConfig::Embedded { .. }) => {}
     }
     match store.ping().await {
-        Ok(()) => {}
+        Ok(()) => {
+            if let (AnyStore::Postgres(pg), StoreConfig::Postgres(settings)) =
+                (&store, &config.store)
+            {
+                tracing::info!(
+                    tls = %settings.tls.summary(),
+                    encrypted = pg.tls_used(),
+                    "store connection made"
+                );
+            }
+        }
+        Err(e) if e.is_tls() => {
+            return Err(e).context("the store cannot be reached securely");
+        }
         Err(e @ StoreError::SchemaBehind { .. }) => bail!("the store is not ready: {e}"),
         Err(e) if e.is_unreachable() => {
             tracing::warn!(cause = %e, "store unreachable at start; protected requests get 503 until it is back");

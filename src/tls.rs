@@ -91,3 +91,183 @@ pub fn server_config(cert: &Path, key_file: &Path) -> Result<Arc<ServerConfig>, 
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
+
+/// How a PostgreSQL server's certificate is checked (libpq's `sslmode` decides which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PgCheck {
+    /// Not at all: the connection is encrypted, but anyone in between can answer.
+    Nothing,
+    /// The chain to a trusted root, not the host name (`verify-ca`).
+    Chain,
+    /// The chain and the host name (`verify-full`).
+    Full,
+}
+
+/// Where trust in a PostgreSQL server's certificate comes from.
+#[derive(Debug, Clone, Copy)]
+pub enum PgRoots<'a> {
+    /// A PEM file of trust anchors (`sslrootcert=FILE`).
+    File(&'a Path),
+    /// The operating system's store (`sslrootcert=system`).
+    System,
+}
+
+/// The TLS client configuration for PostgreSQL connections.
+pub fn postgres_client_config(
+    check: PgCheck,
+    roots: Option<PgRoots<'_>>,
+    client_auth: Option<(&Path, &Path)>,
+) -> Result<Arc<ClientConfig>, String> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let builder = match (check, roots) {
+        (PgCheck::Nothing, _) => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider()))),
+        (_, None) => return Err("verifying the server needs trusted roots (sslrootcert)".into()),
+        (check, Some(roots)) => {
+            let mut store = RootCertStore::empty();
+            match roots {
+                PgRoots::File(file) => {
+                    for cert in certs(file)? {
+                        store
+                            .add(cert)
+                            .map_err(|e| format!("{}: {e}", file.display()))?;
+                    }
+                }
+                PgRoots::System => {
+                    for cert in rustls_native_certs::load_native_certs().certs {
+                        let _ = store.add(cert);
+                    }
+                    if store.is_empty() {
+                        return Err("no usable certificate in the system store".into());
+                    }
+                }
+            }
+            let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                Arc::new(store),
+                provider(),
+            )
+            .build()
+            .map_err(|e| e.to_string())?;
+            let verifier: Arc<dyn ServerCertVerifier> = match check {
+                PgCheck::Chain => Arc::new(ChainOnly(webpki)),
+                PgCheck::Full | PgCheck::Nothing => webpki,
+            };
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(verifier)
+        }
+    };
+    let config = match client_auth {
+        Some((cert, key_file)) => builder
+            .with_client_auth_cert(certs(cert)?, key(key_file)?)
+            .map_err(|e| format!("client certificate: {e}"))?,
+        None => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(config))
+}
+
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls_pki_types::{ServerName, UnixTime};
+
+/// `verify-ca`: the chain must lead to a trusted root; the name in it is not checked (the
+/// certificate may name another host of the cluster, as libpq allows in this mode).
+#[derive(Debug)]
+struct ChainOnly(Arc<rustls::client::WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        use rustls::{CertificateError, Error};
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            Err(Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// `require` (without `sslrootcert`) and `prefer`: any certificate is accepted, as libpq
+/// does in these modes; the handshake's signatures are still checked.
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}

@@ -380,10 +380,10 @@ on_both_stores!(
 async fn queued_calls_are_counted_and_bounded_by_the_timeout() {
     let db = TestDb::new().await;
     let store = idemproxy::store::PgStore::new(&idemproxy::config::PostgresConfig {
-        url: db.url.clone(),
         pool_size: 2,
-        connect_timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(1),
         timeout: Duration::from_secs(2),
+        ..db.config()
     })
     .unwrap();
     // Every reservation blocks inside PostgreSQL while this transaction holds the table.

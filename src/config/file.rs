@@ -85,9 +85,16 @@ pub struct FileStore {
 #[serde(deny_unknown_fields)]
 pub struct FilePostgres {
     pub url: Option<String>,
+    /// A direct connection for `LISTEN`, when `url` goes through a transaction pooler.
+    pub listen_url: Option<String>,
     pub pool_size: Option<usize>,
     pub connect_timeout: Option<HumanDuration>,
     pub timeout: Option<HumanDuration>,
+    /// libpq's TLS parameters; also accepted in `url`, where they must agree.
+    pub sslmode: Option<String>,
+    pub sslrootcert: Option<String>,
+    pub sslcert: Option<String>,
+    pub sslkey: Option<String>,
 }
 
 /// `store.embedded:`

@@ -3,6 +3,7 @@
 
 mod build;
 mod file;
+pub mod libpq;
 mod load;
 mod model;
 pub mod units;

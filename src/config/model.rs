@@ -24,6 +24,9 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(20);
 /// Most requests in flight to the upstream at once.
 pub const DEFAULT_UPSTREAM_MAX_CONNECTIONS: usize = 256;
+/// How long one connection attempt to one PostgreSQL host may take: well under the store
+/// timeout, so that a host that vanished (no answer, no reset) leaves time for the next.
+pub const DEFAULT_PG_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Connections in the PostgreSQL pool.
 pub const DEFAULT_POOL_SIZE: usize = 16;
 /// How long one store call (pool wait + statement) may take before the store counts as down.
@@ -145,17 +148,94 @@ pub enum StoreConfig {
 /// PostgreSQL connection settings.
 #[derive(Clone)]
 pub struct PostgresConfig {
+    /// The connection string without its TLS parameters (those are in `tls`).
     pub url: String,
+    /// A direct connection for `LISTEN` (wait-mode wake-ups), when `url` goes through a
+    /// transaction pooler that drops notifications; without its TLS parameters.
+    pub listen_url: Option<String>,
     pub pool_size: usize,
     pub connect_timeout: Duration,
     /// Bound on one store call; past it the store counts as unreachable.
     pub timeout: Duration,
+    pub tls: PgTls,
+}
+
+/// libpq's `sslmode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PgSslMode {
+    /// Plain connections only.
+    Disable,
+    /// TLS when the server offers it, unverified; plain otherwise (libpq's default).
+    Prefer,
+    /// TLS always; the certificate is verified only against an `sslrootcert` if one is
+    /// given (as libpq does), not its host name.
+    Require,
+    /// TLS, the certificate chain verified against `sslrootcert`.
+    VerifyCa,
+    /// TLS, the chain and the host name verified.
+    VerifyFull,
+}
+
+impl PgSslMode {
+    /// The spelling in a connection string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PgSslMode::Disable => "disable",
+            PgSslMode::Prefer => "prefer",
+            PgSslMode::Require => "require",
+            PgSslMode::VerifyCa => "verify-ca",
+            PgSslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+/// TLS towards PostgreSQL: the mode, and the rustls configuration that carries it out
+/// (built at start, so a broken certificate file is a configuration error).
+#[derive(Clone)]
+pub struct PgTls {
+    pub mode: PgSslMode,
+    /// How much of the server's certificate is checked.
+    pub verify: PgVerify,
+    /// The parameters as configured (file paths, or `system` for the root certificates).
+    pub sslrootcert: Option<String>,
+    pub sslcert: Option<String>,
+    pub sslkey: Option<String>,
+    pub client: Arc<rustls::ClientConfig>,
+}
+
+impl PgTls {
+    /// One line for the start-up log: whether connections are encrypted and verified.
+    pub fn summary(&self) -> String {
+        let verified = match (self.mode, self.verify) {
+            (PgSslMode::Disable, _) => "plain connections only, no TLS",
+            (PgSslMode::Prefer, _) => {
+                "TLS when the server offers it, certificate NOT verified; plain otherwise"
+            }
+            (_, PgVerify::Nothing) => "TLS, certificate NOT verified",
+            (_, PgVerify::Chain) => "TLS, certificate chain verified (not the host name)",
+            (_, PgVerify::Full) => "TLS, certificate and host name verified",
+        };
+        format!("sslmode={}: {verified}", self.mode.as_str())
+    }
+}
+
+/// How much of the server's certificate is verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PgVerify {
+    /// Nothing (encryption against passive eavesdropping only).
+    Nothing,
+    /// The chain, not the host name.
+    Chain,
+    /// The chain and the host name.
+    Full,
 }
 
 impl fmt::Debug for PostgresConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresConfig")
             .field("url", &redact_url(&self.url))
+            .field("listen_url", &self.listen_url.as_deref().map(redact_url))
+            .field("tls", &self.tls.summary())
             .field("pool_size", &self.pool_size)
             .field("connect_timeout", &self.connect_timeout)
             .field("timeout", &self.timeout)
@@ -335,6 +415,19 @@ impl fmt::Display for Config {
             StoreConfig::Postgres(pg) => {
                 writeln!(f, "  postgres:")?;
                 writeln!(f, "    url: {}", redact_url(&pg.url))?;
+                if let Some(listen) = &pg.listen_url {
+                    writeln!(f, "    listen_url: {}", redact_url(listen))?;
+                }
+                writeln!(f, "    sslmode: {}", pg.tls.mode.as_str())?;
+                for (key, value) in [
+                    ("sslrootcert", &pg.tls.sslrootcert),
+                    ("sslcert", &pg.tls.sslcert),
+                    ("sslkey", &pg.tls.sslkey),
+                ] {
+                    if let Some(value) = value {
+                        writeln!(f, "    {key}: {value}")?;
+                    }
+                }
                 writeln!(f, "    pool_size: {}", pg.pool_size)?;
                 writeln!(
                     f,

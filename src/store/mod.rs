@@ -7,13 +7,17 @@
 
 mod any;
 mod embedded;
+mod error;
 mod migrate;
+mod pg_listen;
+mod pg_tls;
 mod postgres;
 mod types;
 mod waiters;
 
 pub use any::AnyStore;
 pub use embedded::EmbeddedStore;
+pub use error::describe;
 pub use migrate::{MIGRATIONS, migrate};
 pub use postgres::PgStore;
 pub use types::*;

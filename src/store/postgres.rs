@@ -1,22 +1,27 @@
 //! The PostgreSQL store: one table shared by any number of proxy replicas.
 //!
-//! Each call takes a connection from the pool, runs one prepared statement (one round trip)
-//! and is bounded by the configured store timeout, so a database that hangs is treated like
-//! one that is down instead of stalling requests.
+//! Each call takes a connection from the pool, runs one statement (one round trip, unnamed
+//! and typed, so that transaction-mode poolers can serve it) and is bounded by the
+//! configured store timeout, so a database that hangs is treated like one that is down
+//! instead of stalling requests.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Timeouts};
+use deadpool_postgres::{
+    Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Timeouts,
+};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
-use tokio_postgres::types::ToSql;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::config::SslMode;
+use tokio_postgres::types::{ToSql, Type};
 
 use super::Waiters;
+use super::pg_listen::listen;
+use super::pg_tls::PgTlsConnect;
 use super::types::*;
-use crate::config::PostgresConfig;
+use crate::config::{PgSslMode, PostgresConfig};
 
 const RESERVE: &str = "SELECT o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
      o_response_status, o_response_headers, o_response_body, o_replayable \
@@ -58,9 +63,6 @@ const SWEEP: &str = "DELETE FROM idempotency_keys WHERE ctid IN ( \
        WHERE expires_at < now() AND (status = 'done' OR locked_until < now()) \
        LIMIT $1 FOR UPDATE SKIP LOCKED)";
 
-/// The channel every replica listens on for completions.
-const CHANNEL: &str = "idemproxy_done";
-
 /// PostgreSQL-backed [`KeyStore`].
 #[derive(Clone)]
 pub struct PgStore {
@@ -72,6 +74,10 @@ pub struct PgStore {
     waiters: Arc<Waiters>,
     /// Connection settings for the `LISTEN` connection, which lives outside the pool.
     listen_config: Arc<tokio_postgres::Config>,
+    /// TLS for every connection (`sslmode`); unused under `disable`.
+    tls: PgTlsConnect,
+    /// Where connections go (hosts, database, user), for errors.
+    target: Arc<str>,
     /// Whether the `LISTEN` task was started (lazily: only wait-mode routes need it).
     listening: Arc<OnceLock<()>>,
     /// One turn per pooled connection; see [`PgStore::turn`].
@@ -83,18 +89,15 @@ pub struct PgStore {
 impl PgStore {
     /// Builds the pool; no connection is made until the first call.
     pub fn new(config: &PostgresConfig) -> Result<Self, StoreError> {
-        let mut pg: tokio_postgres::Config = config
-            .url
-            .parse()
-            .map_err(|e: tokio_postgres::Error| StoreError::Config(format!("database URL: {e}")))?;
-        pg.connect_timeout(config.connect_timeout);
-        if pg.get_application_name().is_none() {
-            pg.application_name("idemproxy");
-        }
-        let listen_config = Arc::new(pg.clone());
+        let pg = connection_config(&config.url, config)?;
+        let listen_config = match &config.listen_url {
+            Some(url) => connection_config(url, config)?,
+            None => pg.clone(),
+        };
+        let tls = PgTlsConnect::new(Arc::clone(&config.tls.client));
         let manager = Manager::from_config(
             pg,
-            NoTls,
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -102,22 +105,43 @@ impl PgStore {
         let pool = Pool::builder(manager)
             .max_size(config.pool_size)
             .runtime(Runtime::Tokio1)
+            // Connecting is bounded by the store timeout of the call that needs it, and
+            // each host by the connect timeout: a pool-level bound on the whole connect
+            // would spend it all on a dead first host and never reach the next one.
             .timeouts(Timeouts {
                 wait: Some(config.timeout),
-                create: Some(config.connect_timeout),
+                create: None,
                 recycle: Some(config.timeout),
             })
+            // Connections are renewed now and then, so that a name that moved (a managed
+            // failover changes what the host name points at) is followed.
+            .pre_recycle(Hook::sync_fn(|_, metrics| {
+                if metrics.age() > MAX_CONNECTION_LIFETIME {
+                    Err(HookError::message(
+                        "connection reached its maximum lifetime",
+                    ))
+                } else {
+                    Ok(())
+                }
+            }))
             .build()
             .map_err(|e| StoreError::Config(format!("pool: {e}")))?;
         Ok(Self {
             pool,
             timeout: config.timeout,
             waiters: Arc::default(),
-            listen_config,
+            listen_config: Arc::new(listen_config),
+            tls,
+            target: config.target().into(),
             listening: Arc::default(),
             turns: Arc::new(Semaphore::new(config.pool_size)),
             waiting: Arc::default(),
         })
+    }
+
+    /// Whether a connection so far used TLS (for the start-up log).
+    pub fn tls_used(&self) -> bool {
+        self.tls.was_used()
     }
 
     /// Waits for one of `pool_size` turns to use a connection; the call holds it until done.
@@ -174,14 +198,27 @@ impl PgStore {
         let turn_then_call = async {
             let _turn = self.turn().await?;
             Box::pin(async {
-                let client = self.pool.get().await?;
+                let client = self.pool.get().await.map_err(|cause| StoreError::Connect {
+                    target: Arc::clone(&self.target),
+                    cause,
+                })?;
                 call(client).await
             })
             .await
         };
-        tokio::time::timeout(self.timeout, turn_then_call)
+        let result = tokio::time::timeout(self.timeout, turn_then_call)
             .await
-            .map_err(|_| StoreError::Timeout(self.timeout))?
+            .map_err(|_| StoreError::Timeout(self.timeout))?;
+        if let Err(e) = &result
+            && e.breaks_connections()
+        {
+            // The server went read-only (a demoted primary, a standby) or away: every
+            // idle connection to it is as stale as this one. New ones find the primary
+            // (`target_session_attrs=read-write`) instead of failing one call each.
+            let dropped = self.pool.retain(|_, _| false).removed.len();
+            tracing::warn!(cause = %e, dropped, "store connection unusable; idle connections dropped, new ones will be made");
+        }
+        result
     }
 
     /// Runs a statement that only applies while the row carries the fence's token.
@@ -192,30 +229,33 @@ impl PgStore {
         sql: &str,
         fence: &Fence,
         notify: bool,
-        extra: &[&(dyn ToSql + Sync)],
+        extra: &[Param<'_>],
     ) -> Result<Fenced, StoreError> {
         self.with_client(|client| async move {
-            let stmt = client.prepare_cached(sql).await?;
             // Hashed only when someone may be waiting; otherwise the statement skips NOTIFY.
             let payload = if fence.notify {
                 crate::proxy::hex(&fence.key_id())
             } else {
                 String::new()
             };
-            let mut params: Vec<&(dyn ToSql + Sync)> =
-                vec![&fence.client_id, &fence.key, &fence.token];
+            let mut params: Vec<Param<'_>> = vec![
+                (&fence.client_id, Type::TEXT),
+                (&fence.key, Type::TEXT),
+                (&fence.token, Type::INT8),
+            ];
             if notify {
-                params.push(&payload);
-                params.push(&fence.notify);
+                params.push((&payload, Type::TEXT));
+                params.push((&fence.notify, Type::BOOL));
             }
             params.extend_from_slice(extra);
             let n = if notify {
-                client
-                    .query_one(&stmt, &params)
-                    .await?
-                    .try_get::<_, i64>(0)? as u64
+                let rows = client.query_typed(sql, &params).await?;
+                let row = rows
+                    .first()
+                    .ok_or_else(|| StoreError::Corrupt("no row from a fenced write".into()))?;
+                row.try_get::<_, i64>(0)? as u64
             } else {
-                client.execute(&stmt, &params).await?
+                client.execute_typed(sql, &params).await?
             };
             Ok(if n == 1 {
                 Fenced::Applied
@@ -243,6 +283,37 @@ impl Drop for Waiting<'_> {
     }
 }
 
+/// A statement parameter with its type. Statements are sent unnamed with their parameter
+/// types (one round trip, no prepared statement left on the server connection), so they
+/// work through transaction-mode poolers such as PgBouncer, where consecutive statements
+/// of one client run on different server connections.
+type Param<'a> = (&'a (dyn ToSql + Sync), Type);
+
+/// How long a pooled connection is used before it is replaced.
+const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(30 * 60);
+
+/// The tokio-postgres settings for a connection string (its TLS parameters already taken
+/// out by the configuration): TLS as `sslmode` says, the connect timeout per host, and an
+/// application name for `pg_stat_activity`.
+fn connection_config(
+    url: &str,
+    config: &PostgresConfig,
+) -> Result<tokio_postgres::Config, StoreError> {
+    let mut pg: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e: tokio_postgres::Error| StoreError::Config(format!("database URL: {e}")))?;
+    pg.connect_timeout(config.connect_timeout);
+    pg.ssl_mode(match config.tls.mode {
+        PgSslMode::Disable => SslMode::Disable,
+        PgSslMode::Prefer => SslMode::Prefer,
+        PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull => SslMode::Require,
+    });
+    if pg.get_application_name().is_none() {
+        pg.application_name("idemproxy");
+    }
+    Ok(pg)
+}
+
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -250,21 +321,24 @@ fn millis(d: Duration) -> i64 {
 impl KeyStore for PgStore {
     async fn reserve(&self, req: &ReserveRequest<'_>) -> Result<Reservation, StoreError> {
         self.with_client(|client| async move {
-            let stmt = client.prepare_cached(RESERVE).await?;
             let fp: &[u8] = req.fingerprint;
-            let row = client
-                .query_one(
-                    &stmt,
+            let (lease, retention) = (millis(req.lease), millis(req.retention));
+            let rows = client
+                .query_typed(
+                    RESERVE,
                     &[
-                        &req.client_id,
-                        &req.key,
-                        &fp,
-                        &req.route,
-                        &millis(req.lease),
-                        &millis(req.retention),
+                        (&req.client_id, Type::TEXT),
+                        (&req.key, Type::TEXT),
+                        (&fp, Type::BYTEA),
+                        (&req.route, Type::TEXT),
+                        (&lease, Type::INT8),
+                        (&retention, Type::INT8),
                     ],
                 )
                 .await?;
+            let row = rows
+                .first()
+                .ok_or_else(|| StoreError::Corrupt("no row from idempotency_reserve".into()))?;
             let outcome: &str = row.try_get(0)?;
             let reservation = match outcome {
                 "reserved" | "taken_over" => Reservation::Reserved(Lease {
@@ -303,7 +377,8 @@ impl KeyStore for PgStore {
     }
 
     async fn renew(&self, fence: &Fence, lease: Duration) -> Result<Fenced, StoreError> {
-        self.fenced(RENEW, fence, false, &[&millis(lease)]).await
+        self.fenced(RENEW, fence, false, &[(&millis(lease), Type::INT8)])
+            .await
     }
 
     async fn complete(&self, fence: &Fence, completion: &Completion) -> Result<Fenced, StoreError> {
@@ -321,7 +396,12 @@ impl KeyStore for PgStore {
             COMPLETE,
             fence,
             true,
-            &[&status, &headers, &body, &replayable],
+            &[
+                (&status, Type::INT2),
+                (&headers, Type::BYTEA),
+                (&body, Type::BYTEA),
+                (&replayable, Type::BOOL),
+            ],
         )
         .await
     }
@@ -335,17 +415,18 @@ impl KeyStore for PgStore {
             let sql = format!(
                 "SELECT {RECORD_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2"
             );
-            let stmt = client.prepare_cached(&sql).await?;
-            let row = client.query_opt(&stmt, &[&client_id, &key]).await?;
-            row.map(|r| record(&r)).transpose()
+            let rows = client
+                .query_typed(&sql, &[(&client_id, Type::TEXT), (&key, Type::TEXT)])
+                .await?;
+            rows.first().map(record).transpose()
         })
         .await
     }
 
     async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
         self.with_client(|client| async move {
-            let stmt = client.prepare_cached(EVICT).await?;
-            Ok(client.execute(&stmt, &[&client_id, &key]).await? > 0)
+            let params: [Param<'_>; 2] = [(&client_id, Type::TEXT), (&key, Type::TEXT)];
+            Ok(client.execute_typed(EVICT, &params).await? > 0)
         })
         .await
     }
@@ -356,16 +437,15 @@ impl KeyStore for PgStore {
                 "SELECT {RECORD_COLUMNS} FROM idempotency_keys \
                  WHERE status = 'in_progress' AND locked_until < now() ORDER BY locked_until LIMIT $1"
             );
-            let stmt = client.prepare_cached(&sql).await?;
-            client.query(&stmt, &[&limit]).await?.iter().map(record).collect()
+            let rows = client.query_typed(&sql, &[(&limit, Type::INT8)]).await?;
+            rows.iter().map(record).collect()
         })
         .await
     }
 
     async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
         self.with_client(|client| async move {
-            let stmt = client.prepare_cached(SWEEP).await?;
-            Ok(client.execute(&stmt, &[&batch]).await?)
+            Ok(client.execute_typed(SWEEP, &[(&batch, Type::INT8)]).await?)
         })
         .await
     }
@@ -384,6 +464,7 @@ impl KeyStore for PgStore {
         self.listening.get_or_init(|| {
             tokio::spawn(listen(
                 Arc::clone(&self.listen_config),
+                self.tls.clone(),
                 Arc::clone(&self.waiters),
             ));
         });
@@ -399,66 +480,6 @@ impl KeyStore for PgStore {
         }
         Ok(())
     }
-}
-
-/// Keeps one `LISTEN` connection open for the life of the process, reconnecting with
-/// backoff, and wakes the waiters each notification names. After every (re)connect all
-/// waiters are woken once, since notifications may have been missed meanwhile.
-async fn listen(config: Arc<tokio_postgres::Config>, waiters: Arc<Waiters>) {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        match config.connect(NoTls).await {
-            Ok((client, mut connection)) => {
-                let drive = async {
-                    loop {
-                        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                            Some(Ok(AsyncMessage::Notification(n))) => {
-                                if let Some(id) = parse_key_id(n.payload()) {
-                                    waiters.wake(&id);
-                                }
-                            }
-                            Some(Ok(_)) => {}
-                            Some(Err(e)) => {
-                                tracing::warn!(cause = %e, "notification connection failed; reconnecting");
-                                return;
-                            }
-                            None => return,
-                        }
-                    }
-                };
-                tokio::pin!(drive);
-                let statement = format!("LISTEN {CHANNEL}");
-                let listening = tokio::select! {
-                    r = client.batch_execute(&statement) => r.is_ok(),
-                    () = &mut drive => false,
-                };
-                if listening {
-                    backoff = Duration::from_millis(100);
-                    waiters.wake_all();
-                    drive.await;
-                }
-            }
-            Err(e) => {
-                tracing::warn!(cause = %e, "cannot open the notification connection; retrying")
-            }
-        }
-        waiters.wake_all();
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
-    }
-}
-
-fn parse_key_id(payload: &str) -> Option<KeyId> {
-    let bytes = payload.as_bytes();
-    if bytes.len() != 64 {
-        return None;
-    }
-    let mut id = [0u8; 32];
-    for (i, pair) in bytes.chunks(2).enumerate() {
-        let text = std::str::from_utf8(pair).ok()?;
-        id[i] = u8::from_str_radix(text, 16).ok()?;
-    }
-    Some(id)
 }
 
 fn record(r: &tokio_postgres::Row) -> Result<KeyRecord, StoreError> {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::Notify;
 
+pub use super::error::StoreError;
 pub use super::waiters::{KeyId, key_id};
 
 use crate::fingerprint::Fingerprint;
@@ -125,67 +126,6 @@ pub struct KeyRecord {
     pub created_at_ms: i64,
     pub completed_at_ms: Option<i64>,
     pub expires_at_ms: i64,
-}
-
-/// The store could not be reached or failed; the caller decides what that means.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("database error: {0}")]
-    Postgres(#[from] tokio_postgres::Error),
-    #[error("connection pool: {0}")]
-    Pool(#[from] deadpool_postgres::PoolError),
-    #[error("store call timed out after {0:?}")]
-    Timeout(Duration),
-    #[error("unexpected row from the store: {0}")]
-    Corrupt(String),
-    #[error("store configuration: {0}")]
-    Config(String),
-    #[error("embedded store: {0}")]
-    Sqlite(#[from] rusqlite::Error),
-    #[error("embedded store task failed: {0}")]
-    Blocking(String),
-    #[error(
-        "the database schema is at version {found}, this idemproxy needs version {needed}: run `idemproxy migrate` (or start with --migrate)"
-    )]
-    SchemaBehind { found: i32, needed: i32 },
-}
-
-impl StoreError {
-    /// Whether the store could not be reached (or could not take the call now: shutting
-    /// down, out of connections, read-only during a failover), as opposed to a store that
-    /// answered with an error. Clients are told which: "cannot be reached" for a store
-    /// that answers would send an operator looking in the wrong place.
-    pub fn is_unreachable(&self) -> bool {
-        let pg = match self {
-            StoreError::Timeout(_) => return true,
-            StoreError::Postgres(e) => e,
-            StoreError::Pool(deadpool_postgres::PoolError::Backend(e)) => e,
-            StoreError::Pool(_) => return true,
-            StoreError::Sqlite(e) => {
-                return matches!(
-                    e.sqlite_error_code(),
-                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-                );
-            }
-            StoreError::Corrupt(_)
-            | StoreError::Config(_)
-            | StoreError::Blocking(_)
-            | StoreError::SchemaBehind { .. } => return false,
-        };
-        match pg.code() {
-            // No SQLSTATE: the connection itself failed (refused, reset, closed).
-            None => true,
-            // Connection exceptions, too many connections, shutting down or starting up,
-            // a read-only transaction (a standby, or a primary being demoted).
-            Some(code) => {
-                let code = code.code();
-                code.starts_with("08")
-                    || code.starts_with("57P")
-                    || code == "53300"
-                    || code == "25006"
-            }
-        }
-    }
 }
 
 /// The key table. Implemented by PostgreSQL (shared by replicas) and the embedded store.

@@ -2,6 +2,8 @@
 //! that counts executions, and the real proxy served through `server::run`.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -169,8 +171,8 @@ impl TestDb {
         TestDb { url, schema }
     }
 
-    /// A store on this schema.
-    pub fn store(&self) -> PgStore {
+    /// The store settings for this schema, as the configuration makes them.
+    pub fn config(&self) -> idemproxy::config::PostgresConfig {
         let StoreConfig::Postgres(pg) = idemproxy::config::load_store(
             None,
             &Overrides {
@@ -181,11 +183,15 @@ impl TestDb {
         .unwrap() else {
             unreachable!()
         };
-        PgStore::new(&idemproxy::config::PostgresConfig {
+        idemproxy::config::PostgresConfig {
             pool_size: TEST_POOL_SIZE,
             ..pg
-        })
-        .unwrap()
+        }
+    }
+
+    /// A store on this schema.
+    pub fn store(&self) -> PgStore {
+        PgStore::new(&self.config()).unwrap()
     }
 
     /// A plain client on this schema, for looking at rows.

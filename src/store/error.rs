@@ -1,0 +1,191 @@
+//! What can go wrong in a store call, said once.
+//!
+//! tokio-postgres and deadpool each repeat their cause in their own message ("error
+//! connecting to server: X: X"), so their errors are described here as one deduplicated
+//! chain and carry no `source`: a log line or a start-up error reads each cause once.
+
+use std::error::Error;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The store could not be reached or failed; the caller decides what that means.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A statement failed (or its connection did).
+    #[error("PostgreSQL: {}", describe(.0))]
+    Postgres(tokio_postgres::Error),
+    /// No connection could be had from the pool: `target` is where it would have gone.
+    #[error("cannot connect to PostgreSQL at {target}: {}", describe(.cause))]
+    Connect {
+        target: Arc<str>,
+        cause: deadpool_postgres::PoolError,
+    },
+    #[error("store call timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("unexpected row from the store: {0}")]
+    Corrupt(String),
+    #[error("store configuration: {0}")]
+    Config(String),
+    #[error("embedded store: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("embedded store task failed: {0}")]
+    Blocking(String),
+    #[error(
+        "the database schema is at version {found}, this idemproxy needs version {needed}: run `idemproxy migrate` (or start with --migrate)"
+    )]
+    SchemaBehind { found: i32, needed: i32 },
+}
+
+impl StoreError {
+    /// Whether a TLS handshake with the server failed (see
+    /// [`super::pg_tls::HandshakeFailed`]): a certificate to fix, not an outage to wait out.
+    pub fn is_tls(&self) -> bool {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = match self {
+            StoreError::Postgres(e) => Some(e),
+            StoreError::Connect { cause, .. } => Some(cause),
+            _ => None,
+        };
+        while let Some(e) = source {
+            if e.is::<super::pg_tls::HandshakeFailed>() {
+                return true;
+            }
+            if let Some(io) = e.downcast_ref::<std::io::Error>()
+                && io
+                    .get_ref()
+                    .is_some_and(|inner| inner.is::<super::pg_tls::HandshakeFailed>())
+            {
+                return true;
+            }
+            source = e.source();
+        }
+        false
+    }
+
+    /// Whether the error says the connection it came on (and so every connection to that
+    /// server) cannot serve the store any more: closed, shut down, or read-only.
+    pub fn breaks_connections(&self) -> bool {
+        let StoreError::Postgres(pg) = self else {
+            return false;
+        };
+        match pg.code() {
+            None => pg.is_closed(),
+            Some(code) => {
+                let code = code.code();
+                code == "25006" || code.starts_with("57P") || code.starts_with("08")
+            }
+        }
+    }
+
+    /// Whether the store could not be reached (or could not take the call now: shutting
+    /// down, out of connections, read-only during a failover), as opposed to a store that
+    /// answered with an error. Clients are told which: "cannot be reached" for a store
+    /// that answers would send an operator looking in the wrong place.
+    pub fn is_unreachable(&self) -> bool {
+        if self.is_tls() {
+            return false;
+        }
+        let pg = match self {
+            StoreError::Timeout(_) => return true,
+            StoreError::Postgres(e) => e,
+            StoreError::Connect {
+                cause: deadpool_postgres::PoolError::Backend(e),
+                ..
+            } => e,
+            StoreError::Connect { .. } => return true,
+            StoreError::Sqlite(e) => {
+                return matches!(
+                    e.sqlite_error_code(),
+                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                );
+            }
+            StoreError::Corrupt(_)
+            | StoreError::Config(_)
+            | StoreError::Blocking(_)
+            | StoreError::SchemaBehind { .. } => return false,
+        };
+        match pg.code() {
+            // No SQLSTATE: the connection itself failed (refused, reset, closed).
+            None => true,
+            // Connection exceptions, too many connections, shutting down or starting up,
+            // a read-only transaction (a standby, or a primary being demoted).
+            Some(code) => {
+                let code = code.code();
+                code.starts_with("08")
+                    || code.starts_with("57P")
+                    || code == "53300"
+                    || code == "25006"
+            }
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        StoreError::Postgres(e)
+    }
+}
+
+/// `err` and its sources, each cause once: a message that already ends with its source's
+/// message is cut before it, and repeats are dropped.
+pub fn describe(err: &(dyn Error + 'static)) -> String {
+    let mut messages = Vec::new();
+    let mut next: Option<&(dyn Error + 'static)> = Some(err);
+    while let Some(e) = next {
+        messages.push(e.to_string());
+        next = e.source();
+    }
+    let mut parts: Vec<String> = Vec::new();
+    for (i, message) in messages.iter().enumerate() {
+        let mut own = message.as_str();
+        for later in &messages[i + 1..] {
+            if let Some(cut) = own.strip_suffix(later.as_str()) {
+                own = cut.trim_end_matches([':', ' ']);
+                break;
+            }
+        }
+        if !own.is_empty() && !parts.iter().any(|p| p == own) {
+            parts.push(own.to_owned());
+        }
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)?;
+            if let Some(inner) = &self.1 {
+                write!(f, ": {inner}")?;
+            }
+            Ok(())
+        }
+    }
+
+    impl Error for Layer {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            self.1.as_deref().map(|l| l as &(dyn Error + 'static))
+        }
+    }
+
+    /// A chain whose layers repeat their causes reads each cause once.
+    #[test]
+    fn each_cause_once() {
+        let chain = Layer(
+            "pool",
+            Some(Box::new(Layer(
+                "error connecting to server",
+                Some(Box::new(Layer("Connection refused (os error 111)", None))),
+            ))),
+        );
+        assert_eq!(
+            describe(&chain),
+            "pool: error connecting to server: Connection refused (os error 111)"
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! The `LISTEN` connection: one per process, outside the pool, waking the duplicates that
+//! wait (`on_conflict: wait`) when any replica completes or releases their key.
+//!
+//! It must reach PostgreSQL directly: a transaction-mode pooler hands each statement to
+//! some server connection and drops notifications, so behind one it goes to
+//! `store.postgres.listen_url` (and without it, waiting duplicates fall back to their
+//! periodic re-check).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::AsyncMessage;
+
+use super::Waiters;
+use super::pg_tls::PgTlsConnect;
+use super::types::KeyId;
+
+/// The channel every replica notifies and listens on.
+pub(super) const CHANNEL: &str = "idemproxy_done";
+
+/// Keeps one `LISTEN` connection open for the life of the process, reconnecting with
+/// backoff, and wakes the waiters each notification names. After every (re)connect all
+/// waiters are woken once, since notifications may have been missed meanwhile.
+pub(super) async fn listen(
+    config: Arc<tokio_postgres::Config>,
+    tls: PgTlsConnect,
+    waiters: Arc<Waiters>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match config.connect(tls.clone()).await {
+            Ok((client, mut connection)) => {
+                let drive = async {
+                    loop {
+                        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                            Some(Ok(AsyncMessage::Notification(n))) => {
+                                if let Some(id) = parse_key_id(n.payload()) {
+                                    waiters.wake(&id);
+                                }
+                            }
+                            Some(Ok(_)) => {}
+                            Some(Err(e)) => {
+                                tracing::warn!(cause = %e, "notification connection failed; reconnecting");
+                                return;
+                            }
+                            None => return,
+                        }
+                    }
+                };
+                tokio::pin!(drive);
+                let statement = format!("LISTEN {CHANNEL}");
+                let listening = tokio::select! {
+                    r = client.batch_execute(&statement) => r.is_ok(),
+                    () = &mut drive => false,
+                };
+                if listening {
+                    backoff = Duration::from_millis(100);
+                    waiters.wake_all();
+                    drive.await;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(cause = %e, "cannot open the notification connection; retrying")
+            }
+        }
+        waiters.wake_all();
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+fn parse_key_id(payload: &str) -> Option<KeyId> {
+    let bytes = payload.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let mut id = [0u8; 32];
+    for (i, pair) in bytes.chunks(2).enumerate() {
+        let text = std::str::from_utf8(pair).ok()?;
+        id[i] = u8::from_str_radix(text, 16).ok()?;
+    }
+    Some(id)
+}
