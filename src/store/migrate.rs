@@ -4,6 +4,7 @@
 //! with `--migrate` apply each migration exactly once.
 
 use tokio_postgres::Client;
+use tokio_postgres::types::Type;
 
 use super::StoreError;
 
@@ -22,8 +23,10 @@ const MIGRATION_LOCK: i64 = 0x6964_656d;
 
 /// Applies every migration not yet applied; returns the versions it applied.
 pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, StoreError> {
+    // Simple or unnamed typed statements only: a named prepared statement would be left on
+    // a pooler's server connection (and collide with another client's of the same name).
     let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+    tx.batch_execute(&format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
         .await?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS idemproxy_migrations (
@@ -34,7 +37,7 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, StoreError> {
     )
     .await?;
     let done: Vec<i32> = tx
-        .query("SELECT version FROM idemproxy_migrations", &[])
+        .query_typed("SELECT version FROM idemproxy_migrations", &[])
         .await?
         .iter()
         .map(|row| row.get(0))
@@ -45,9 +48,9 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, StoreError> {
             continue;
         }
         tx.batch_execute(sql).await?;
-        tx.execute(
+        tx.execute_typed(
             "INSERT INTO idemproxy_migrations (version, name) VALUES ($1, $2)",
-            &[version, name],
+            &[(version, Type::INT4), (name, Type::TEXT)],
         )
         .await?;
         applied.push(*version);

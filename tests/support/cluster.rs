@@ -192,3 +192,70 @@ impl Drop for Cluster {
         let _ = self.pg_ctl(&["-m", "immediate", "-w", "stop"]).output();
     }
 }
+
+/// A real PgBouncer in front of a cluster, run as the server's user (it refuses root),
+/// daemonised with a pid file and stopped on drop.
+pub struct PgBouncer {
+    pub port: u16,
+    dir: TempDir,
+}
+
+impl PgBouncer {
+    /// `pool_mode = transaction` with `pool_size` server connections per database, so
+    /// that server connections are shared between clients; `db` is served as itself.
+    pub fn start(cluster: &Cluster, db: &str, pool_size: usize) -> Self {
+        let dir = TempDir::new("pgbouncer");
+        let port = free_port();
+        let ini = format!(
+            "[databases]\n{db} = host=127.0.0.1 port={} dbname={db} user=postgres\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\nauth_type = any\npool_mode = transaction\ndefault_pool_size = {pool_size}\nmin_pool_size = 0\nreserve_pool_size = 0\nmax_client_conn = 200\nlogfile = {log}\npidfile = {pid}\nadmin_users = postgres\n",
+            cluster.port,
+            log = dir.join("pgbouncer.log").display(),
+            pid = dir.join("pgbouncer.pid").display(),
+        );
+        let config = dir.join("pgbouncer.ini");
+        std::fs::write(&config, ini).unwrap();
+        give_to_server(&dir.0);
+        let binary = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .unwrap_or("pgbouncer");
+        let mut command = if is_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--", binary]);
+            c
+        } else {
+            Command::new(binary)
+        };
+        command.arg("-d").arg(&config);
+        run(command, "pgbouncer");
+        let bouncer = PgBouncer { port, dir };
+        let up = (0..100).any(|_| {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            false
+        });
+        assert!(up, "pgbouncer did not start: {}", bouncer.log());
+        bouncer
+    }
+
+    /// The URL of `db` through the pooler.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("pgbouncer.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(self.dir.join("pgbouncer.pid")) {
+            let _ = Command::new("kill").arg("-TERM").arg(pid.trim()).status();
+            // Let it exit before its directory goes.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The PostgreSQL store through a real PgBouncer in `pool_mode = transaction`, with fewer
+//! server connections than clients (two, shared by two replicas' pools of eight), so that
+//! consecutive statements of one client run on different server connections — the
+//! deployment where named prepared statements and session state break.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use idemproxy::store::{PgStore, migrate};
+use support::cluster::{Cluster, PgBouncer};
+use support::*;
+
+const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpose":"order-1"}"#;
+
+fn cluster_with_db() -> Cluster {
+    let cluster = Cluster::start_new("bouncer", "", "host all all 127.0.0.1/32 trust\n");
+    cluster.psql("postgres", "CREATE DATABASE pay");
+    cluster
+}
+
+fn yaml(store: &str, route_extra: &str) -> String {
+    format!(
+        r#"
+upstream:
+  url: {{upstream}}
+  timeout: 10s
+{store}
+client_id:
+  header: X-Client-Id
+defaults:
+  lease: 30s
+routes:
+  - name: create-payment
+    methods: [POST]
+    path: /payments
+    require_key: true
+{route_extra}"#
+    )
+}
+
+fn store(url: &str, extra: &str) -> String {
+    format!("store:\n  postgres:\n    url: \"{url}\"\n    timeout: 3s\n    pool_size: 8\n{extra}")
+}
+
+/// Migrating through the pooler works (one transaction, no named statements).
+async fn migrate_through(url: &str) {
+    let text = format!("upstream:\n  url: http://127.0.0.1:1\n{}", store(url, ""));
+    let config = idemproxy::config::load_str(&text, &Default::default()).unwrap();
+    let idemproxy::config::StoreConfig::Postgres(pg) = &config.store else {
+        unreachable!()
+    };
+    let store = PgStore::new(pg).unwrap();
+    let mut client = store.pool().get().await.unwrap();
+    migrate(&mut client).await.unwrap();
+}
+
+/// Ten concurrent duplicates of each of twenty keys, spread over two replicas behind one
+/// pooler: every request is answered (201 or 409, never a store error), each key executes
+/// once, and every retry afterwards is a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_through_a_transaction_pooler_execute_once() {
+    let cluster = cluster_with_db();
+    let bouncer = PgBouncer::start(&cluster, "pay", 2);
+    migrate_through(&bouncer.url("pay")).await;
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_millis(100),
+        ..Default::default()
+    })
+    .await;
+    let dummy = Backend::embedded();
+    let config = yaml(&store(&bouncer.url("pay"), ""), "");
+    let replicas = [
+        TestProxy::spawn(&config, &upstream, &dummy).await,
+        TestProxy::spawn(&config, &upstream, &dummy).await,
+    ];
+    let clients: Vec<TestClient> = replicas.iter().map(TestClient::new).collect();
+    let mut tasks = tokio::task::JoinSet::new();
+    for key in 0..20 {
+        for dup in 0..10 {
+            let client = clients[dup % 2].clone();
+            tasks.spawn(async move {
+                client
+                    .post("/payments", "shop-1", &format!("k{key}"), BODY)
+                    .await
+                    .status
+                    .as_u16()
+            });
+        }
+    }
+    let statuses = tasks.join_all().await;
+    assert!(
+        statuses.iter().all(|s| *s == 201 || *s == 409),
+        "{statuses:?}\n{}",
+        bouncer.log()
+    );
+    assert_eq!(upstream.executions(), 20);
+    for key in 0..20 {
+        let reply = clients[key % 2]
+            .post_until_settled("/payments", "shop-1", &format!("k{key}"), BODY)
+            .await;
+        assert!(reply.replayed(), "k{key}: {reply:?}");
+    }
+    assert_eq!(upstream.executions(), 20);
+    assert_eq!(
+        cluster
+            .psql(
+                "pay",
+                "SELECT count(*) FROM idempotency_keys WHERE status = 'done'"
+            )
+            .trim(),
+        "20"
+    );
+    for proxy in replicas {
+        proxy.stop().await;
+    }
+}
+
+/// Wait mode behind the pooler: `LISTEN` goes to `listen_url`, straight to PostgreSQL, so
+/// the duplicates waiting on one replica are woken by a completion through the pooler
+/// and all get the first answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_mode_through_a_pooler_delivers_the_first_answer() {
+    let cluster = cluster_with_db();
+    let bouncer = PgBouncer::start(&cluster, "pay", 2);
+    migrate_through(&bouncer.url("pay")).await;
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_millis(800),
+        ..Default::default()
+    })
+    .await;
+    let dummy = Backend::embedded();
+    let direct = cluster.url("postgres", "pay", "");
+    let config = yaml(
+        &store(
+            &bouncer.url("pay"),
+            &format!("    listen_url: \"{direct}\"\n"),
+        ),
+        "    on_conflict: { wait: 8s }\n",
+    );
+    let proxy = TestProxy::spawn(&config, &upstream, &dummy).await;
+    let client = TestClient::new(&proxy);
+    let first = {
+        let client = client.clone();
+        tokio::spawn(async move { client.post("/payments", "shop-1", "w", BODY).await })
+    };
+    upstream.wait_executions(1).await;
+    let started = std::time::Instant::now();
+    let waiting: Vec<_> = (0..5)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.post("/payments", "shop-1", "w", BODY).await })
+        })
+        .collect();
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201);
+    for reply in waiting {
+        let reply = reply.await.unwrap();
+        assert_eq!(reply.status, 201, "{reply:?}");
+        assert_eq!(reply.body, first.body, "the first answer");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "woken by the notification, not after the wait bound"
+    );
+    assert_eq!(upstream.executions(), 1);
+    proxy.stop().await;
+}
