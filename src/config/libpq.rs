@@ -126,6 +126,99 @@ fn split_key_values(conn: &str) -> Result<(String, TlsParams), String> {
     Ok((kept.join(" "), params))
 }
 
+/// One connection string per host of a multi-host `conn` (`postgres://u@h1:5432,h2:5433/db`
+/// or `host=h1,h2 port=5432,5433`), each naming that host alone and keeping everything
+/// else. A single-host string comes back as it is.
+///
+/// Why: tokio-postgres tries a multi-host string's hosts in a fixed order, and bounds only
+/// each TCP connect; a host that accepts the connection but never answers would hold every
+/// attempt on the first host. One string per host lets the store bound each host's whole
+/// attempt, and try first the host that answered last.
+pub fn split_hosts(conn: &str) -> Vec<String> {
+    if let Some(scheme_end) = conn
+        .strip_prefix("postgres://")
+        .map(|_| "postgres://".len())
+        .or_else(|| {
+            conn.strip_prefix("postgresql://")
+                .map(|_| "postgresql://".len())
+        })
+    {
+        let rest = &conn[scheme_end..];
+        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let authority = &rest[..authority_end];
+        let (userinfo, hosts) = match authority.rfind('@') {
+            Some(at) => (&authority[..=at], &authority[at + 1..]),
+            None => ("", authority),
+        };
+        let hosts = split_outside_brackets(hosts);
+        if hosts.len() <= 1 {
+            return vec![conn.to_owned()];
+        }
+        return hosts
+            .iter()
+            .map(|host| {
+                format!(
+                    "{}{userinfo}{host}{}",
+                    &conn[..scheme_end],
+                    &rest[authority_end..]
+                )
+            })
+            .collect();
+    }
+    let pairs: Vec<&str> = conn.split_whitespace().collect();
+    let value = |key: &str| {
+        pairs
+            .iter()
+            .find_map(|p| p.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+    };
+    let Some(hosts) = value("host") else {
+        return vec![conn.to_owned()];
+    };
+    let hosts: Vec<&str> = hosts.split(',').collect();
+    if hosts.len() <= 1 {
+        return vec![conn.to_owned()];
+    }
+    let ports: Vec<&str> = value("port")
+        .map(|p| p.split(',').collect())
+        .unwrap_or_default();
+    hosts
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let mut out: Vec<String> = pairs
+                .iter()
+                .filter(|p| !p.starts_with("host=") && !p.starts_with("port="))
+                .map(|p| (*p).to_owned())
+                .collect();
+            out.push(format!("host={host}"));
+            if let Some(port) = ports.get(i).or(ports.first()) {
+                out.push(format!("port={port}"));
+            }
+            out.join(" ")
+        })
+        .collect()
+}
+
+fn split_outside_brackets(hosts: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in hosts.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&hosts[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if !hosts.is_empty() {
+        out.push(&hosts[start..]);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,6 +244,27 @@ mod tests {
             (rest.as_str(), p),
             ("postgres://h/db", TlsParams::default())
         );
+    }
+
+    /// A multi-host string becomes one string per host, the rest kept.
+    #[test]
+    fn hosts() {
+        assert_eq!(
+            split_hosts(
+                "postgres://u:p@db1:5432,[::1]:5433,db3/pay?target_session_attrs=read-write"
+            ),
+            [
+                "postgres://u:p@db1:5432/pay?target_session_attrs=read-write",
+                "postgres://u:p@[::1]:5433/pay?target_session_attrs=read-write",
+                "postgres://u:p@db3/pay?target_session_attrs=read-write",
+            ]
+        );
+        assert_eq!(split_hosts("postgres://db/pay"), ["postgres://db/pay"]);
+        assert_eq!(
+            split_hosts("host=a,b port=1,2 dbname=pay"),
+            ["dbname=pay host=a port=1", "dbname=pay host=b port=2"]
+        );
+        assert_eq!(split_hosts("host=a dbname=pay"), ["host=a dbname=pay"]);
     }
 
     /// The key=value form, quoted values included.

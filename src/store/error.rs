@@ -18,7 +18,7 @@ pub enum StoreError {
     #[error("cannot connect to PostgreSQL at {target}: {}", describe(.cause))]
     Connect {
         target: Arc<str>,
-        cause: deadpool_postgres::PoolError,
+        cause: deadpool::managed::PoolError<super::pg_connect::ConnectError>,
     },
     #[error("store call timed out after {0:?}")]
     Timeout(Duration),
@@ -40,25 +40,14 @@ impl StoreError {
     /// Whether a TLS handshake with the server failed (see
     /// [`super::pg_tls::HandshakeFailed`]): a certificate to fix, not an outage to wait out.
     pub fn is_tls(&self) -> bool {
-        let mut source: Option<&(dyn std::error::Error + 'static)> = match self {
-            StoreError::Postgres(e) => Some(e),
-            StoreError::Connect { cause, .. } => Some(cause),
-            _ => None,
-        };
-        while let Some(e) = source {
-            if e.is::<super::pg_tls::HandshakeFailed>() {
-                return true;
-            }
-            if let Some(io) = e.downcast_ref::<std::io::Error>()
-                && io
-                    .get_ref()
-                    .is_some_and(|inner| inner.is::<super::pg_tls::HandshakeFailed>())
-            {
-                return true;
-            }
-            source = e.source();
+        match self {
+            StoreError::Postgres(e) => chain_has_handshake(e),
+            StoreError::Connect {
+                cause: deadpool::managed::PoolError::Backend(e),
+                ..
+            } => e.errors().any(|e| chain_has_handshake(e)),
+            _ => false,
         }
-        false
     }
 
     /// Whether the error says the connection it came on (and so every connection to that
@@ -84,39 +73,61 @@ impl StoreError {
         if self.is_tls() {
             return false;
         }
-        let pg = match self {
-            StoreError::Timeout(_) => return true,
-            StoreError::Postgres(e) => e,
+        match self {
+            StoreError::Timeout(_) => true,
+            StoreError::Postgres(e) => pg_unreachable(e),
+            // No host took the connection: unreachable unless a host answered with an
+            // error of its own (wrong password, no such database).
             StoreError::Connect {
-                cause: deadpool_postgres::PoolError::Backend(e),
+                cause: deadpool::managed::PoolError::Backend(e),
                 ..
-            } => e,
-            StoreError::Connect { .. } => return true,
-            StoreError::Sqlite(e) => {
-                return matches!(
-                    e.sqlite_error_code(),
-                    Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-                );
-            }
+            } => e.errors().all(pg_unreachable),
+            StoreError::Connect { .. } => true,
+            StoreError::Sqlite(e) => matches!(
+                e.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            ),
             StoreError::Corrupt(_)
             | StoreError::Config(_)
             | StoreError::Blocking(_)
-            | StoreError::SchemaBehind { .. } => return false,
-        };
-        match pg.code() {
-            // No SQLSTATE: the connection itself failed (refused, reset, closed).
-            None => true,
-            // Connection exceptions, too many connections, shutting down or starting up,
-            // a read-only transaction (a standby, or a primary being demoted).
-            Some(code) => {
-                let code = code.code();
-                code.starts_with("08")
-                    || code.starts_with("57P")
-                    || code == "53300"
-                    || code == "25006"
-            }
+            | StoreError::SchemaBehind { .. } => false,
         }
     }
+}
+
+/// Whether a PostgreSQL error means the server could not take the call (rather than that
+/// it answered with an error of its own).
+fn pg_unreachable(e: &tokio_postgres::Error) -> bool {
+    match e.code() {
+        // No SQLSTATE: the connection itself failed (refused, reset, closed), or the host
+        // was not writable for `target_session_attrs`.
+        None => true,
+        // Connection exceptions, too many connections, shutting down or starting up, a
+        // read-only transaction (a standby, or a primary being demoted).
+        Some(code) => {
+            let code = code.code();
+            code.starts_with("08") || code.starts_with("57P") || code == "53300" || code == "25006"
+        }
+    }
+}
+
+/// Whether a TLS handshake failure is among `e`'s causes.
+fn chain_has_handshake(e: &(dyn Error + 'static)) -> bool {
+    let mut next: Option<&(dyn Error + 'static)> = Some(e);
+    while let Some(e) = next {
+        if e.is::<super::pg_tls::HandshakeFailed>() {
+            return true;
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<super::pg_tls::HandshakeFailed>())
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 impl From<tokio_postgres::Error> for StoreError {

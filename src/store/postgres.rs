@@ -10,14 +10,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use deadpool_postgres::{
-    Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Timeouts,
-};
+use deadpool::Runtime;
+use deadpool::managed::{Hook, HookError, Timeouts};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::config::SslMode;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::Waiters;
+use super::pg_connect::PgManager;
 use super::pg_listen::listen;
 use super::pg_tls::PgTlsConnect;
 use super::types::*;
@@ -63,6 +63,11 @@ const SWEEP: &str = "DELETE FROM idempotency_keys WHERE ctid IN ( \
        WHERE expires_at < now() AND (status = 'done' OR locked_until < now()) \
        LIMIT $1 FOR UPDATE SKIP LOCKED)";
 
+/// The store's connection pool.
+pub type Pool = deadpool::managed::Pool<PgManager>;
+/// A pooled connection.
+type Object = deadpool::managed::Object<PgManager>;
+
 /// PostgreSQL-backed [`KeyStore`].
 #[derive(Clone)]
 pub struct PgStore {
@@ -89,19 +94,14 @@ pub struct PgStore {
 impl PgStore {
     /// Builds the pool; no connection is made until the first call.
     pub fn new(config: &PostgresConfig) -> Result<Self, StoreError> {
-        let pg = connection_config(&config.url, config)?;
-        let listen_config = match &config.listen_url {
-            Some(url) => connection_config(url, config)?,
-            None => pg.clone(),
-        };
+        let listen_config =
+            connection_config(config.listen_url.as_ref().unwrap_or(&config.url), config)?;
+        let hosts = crate::config::libpq::split_hosts(&config.url)
+            .iter()
+            .map(|url| connection_config(url, config))
+            .collect::<Result<Vec<_>, _>>()?;
         let tls = PgTlsConnect::new(Arc::clone(&config.tls.client));
-        let manager = Manager::from_config(
-            pg,
-            tls.clone(),
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager = PgManager::new(hosts, tls.clone(), config.connect_timeout);
         let pool = Pool::builder(manager)
             .max_size(config.pool_size)
             .runtime(Runtime::Tokio1)
