@@ -10,7 +10,6 @@ mod support;
 
 use std::time::Duration;
 
-use idemproxy::store::{PgStore, migrate};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use support::cluster::Cluster;
 use support::*;
@@ -86,17 +85,7 @@ fn store_yaml(url: &str, extra: &str) -> String {
 }
 
 async fn migrate_over(url: &str, extra: &str) {
-    let yaml = format!(
-        "upstream:\n  url: http://127.0.0.1:1\n{}",
-        store_yaml(url, extra)
-    );
-    let config = idemproxy::config::load_str(&yaml, &Default::default()).unwrap();
-    let idemproxy::config::StoreConfig::Postgres(pg) = &config.store else {
-        unreachable!()
-    };
-    let store = PgStore::new(pg).unwrap();
-    let mut client = store.pool().get().await.unwrap();
-    migrate(&mut client).await.unwrap();
+    migrate_store(&store_yaml(url, extra)).await;
 }
 
 fn payments(store: &str) -> String {

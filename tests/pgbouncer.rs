@@ -9,7 +9,6 @@ mod support;
 
 use std::time::Duration;
 
-use idemproxy::store::{PgStore, migrate};
 use support::cluster::{Cluster, PgBouncer};
 use support::*;
 
@@ -47,14 +46,7 @@ fn store(url: &str, extra: &str) -> String {
 
 /// Migrating through the pooler works (one transaction, no named statements).
 async fn migrate_through(url: &str) {
-    let text = format!("upstream:\n  url: http://127.0.0.1:1\n{}", store(url, ""));
-    let config = idemproxy::config::load_str(&text, &Default::default()).unwrap();
-    let idemproxy::config::StoreConfig::Postgres(pg) = &config.store else {
-        unreachable!()
-    };
-    let store = PgStore::new(pg).unwrap();
-    let mut client = store.pool().get().await.unwrap();
-    migrate(&mut client).await.unwrap();
+    migrate_store(&store(url, "")).await;
 }
 
 /// Ten concurrent duplicates of each of twenty keys, spread over two replicas behind one

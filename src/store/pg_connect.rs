@@ -7,7 +7,8 @@
 //! that accepts and never answers) would hold every new connection until the store call
 //! gives up, and the service would not come back after a promotion.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
@@ -51,7 +52,7 @@ impl PgManager {
     }
 
     /// A connection to the first host (starting with the preferred one) that takes it.
-    pub async fn connect(&self) -> Result<Client, ConnectError> {
+    pub async fn connect(&self) -> Result<PgConn, ConnectError> {
         let first = self.preferred.load(Ordering::Relaxed);
         let mut attempts = Vec::new();
         for i in (0..self.hosts.len()).map(|n| (first + n) % self.hosts.len()) {
@@ -66,7 +67,10 @@ impl PgManager {
                             tracing::debug!(cause = %describe(&e), "store connection ended");
                         }
                     });
-                    return Ok(client);
+                    return Ok(PgConn {
+                        client,
+                        spoiled: Arc::default(),
+                    });
                 }
                 Ok(Err(e)) => attempts.push((host.label.clone(), Failure::Postgres(e))),
                 Err(_) => attempts.push((host.label.clone(), Failure::TimedOut(self.per_host))),
@@ -76,17 +80,51 @@ impl PgManager {
     }
 }
 
+/// A pooled connection.
+pub struct PgConn {
+    client: Client,
+    /// Raised when a call on this connection was given up (its statement may still be
+    /// running, or the server stopped answering): it is not lent again.
+    spoiled: Arc<AtomicBool>,
+}
+
+impl PgConn {
+    /// A handle that marks this connection unfit for reuse.
+    pub fn spoiler(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.spoiled)
+    }
+}
+
+impl std::ops::Deref for PgConn {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl std::ops::DerefMut for PgConn {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+}
+
 impl managed::Manager for PgManager {
-    type Type = Client;
+    type Type = PgConn;
     type Error = ConnectError;
 
-    async fn create(&self) -> Result<Client, ConnectError> {
+    async fn create(&self) -> Result<PgConn, ConnectError> {
         self.connect().await
     }
 
-    async fn recycle(&self, client: &mut Client, _: &Metrics) -> RecycleResult<ConnectError> {
-        if client.is_closed() {
+    async fn recycle(&self, conn: &mut PgConn, _: &Metrics) -> RecycleResult<ConnectError> {
+        if conn.client.is_closed() {
             return Err(RecycleError::message("the connection is closed"));
+        }
+        if conn.spoiled.load(Ordering::Relaxed) {
+            return Err(RecycleError::message(
+                "a call on this connection was given up",
+            ));
         }
         Ok(())
     }

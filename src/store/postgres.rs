@@ -7,7 +7,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, PoisonError};
 use std::time::Duration;
 
 use deadpool::Runtime;
@@ -195,6 +195,10 @@ impl PgStore {
     where
         Fut: Future<Output = Result<T, StoreError>>,
     {
+        // The connection of a call given up on is not lent again: its statement may still
+        // run, or its server may have stopped answering (a frozen primary), and the next
+        // call on it would only wait behind the first.
+        let spoiler = std::sync::Mutex::new(None);
         let turn_then_call = async {
             let _turn = self.turn().await?;
             Box::pin(async {
@@ -202,13 +206,24 @@ impl PgStore {
                     target: Arc::clone(&self.target),
                     cause,
                 })?;
+                *spoiler.lock().unwrap_or_else(PoisonError::into_inner) = Some(client.spoiler());
                 call(client).await
             })
             .await
         };
-        let result = tokio::time::timeout(self.timeout, turn_then_call)
-            .await
-            .map_err(|_| StoreError::Timeout(self.timeout))?;
+        let result = match tokio::time::timeout(self.timeout, turn_then_call).await {
+            Ok(result) => result,
+            Err(_) => {
+                if let Some(spoiled) = spoiler
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take()
+                {
+                    spoiled.store(true, Ordering::Relaxed);
+                }
+                Err(StoreError::Timeout(self.timeout))
+            }
+        };
         if let Err(e) = &result
             && e.breaks_connections()
         {

@@ -96,6 +96,54 @@ impl Cluster {
         cluster
     }
 
+    /// A streaming standby of `primary` (`pg_basebackup -R`), reporting itself as
+    /// `application_name` (the name `synchronous_standby_names` lists), started.
+    pub fn standby_of(primary: &Cluster, name: &str, application_name: &str) -> Self {
+        let dir = TempDir::new(&format!("cluster-{name}"));
+        give_to_server(&dir.0);
+        let data = dir.join("data");
+        let mut backup = server_command("pg_basebackup");
+        backup
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &primary.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(["-X", "stream", "-R", "--no-sync", "--checkpoint=fast", "-D"])
+            .arg(&data);
+        run(backup, "pg_basebackup");
+        let port = free_port();
+        let standby = Cluster { port, data, dir };
+        let hba = std::fs::read_to_string(primary.data.join("pg_hba.conf")).unwrap();
+        let hba = hba
+            .lines()
+            .filter(|l| !l.starts_with("local"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        standby.configure("", &format!("{hba}\n"));
+        let auto = standby.data.join("postgresql.auto.conf");
+        let mut text = std::fs::read_to_string(&auto).unwrap();
+        text.push_str(&format!(
+            "\nprimary_conninfo = 'host=127.0.0.1 port={} user=postgres application_name={application_name}'\nsynchronous_standby_names = ''\n",
+            primary.port
+        ));
+        std::fs::write(&auto, text).unwrap();
+        give_to_server(&standby.data);
+        standby.start();
+        standby
+    }
+
+    /// Promotes a standby to primary and waits until it takes writes.
+    pub fn promote(&self) {
+        run(
+            self.pg_ctl(&["-w", "-t", "30", "promote"]),
+            "pg_ctl promote",
+        );
+    }
+
     fn configure(&self, conf: &str, hba: &str) {
         let base = format!(
             "port = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\nmax_connections = 40\nshared_buffers = 16MB\n",

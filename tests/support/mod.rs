@@ -632,6 +632,20 @@ pub fn pg_store_yaml(url: &str) -> String {
     )
 }
 
+/// Applies the migrations through the store a `store:` section describes (TLS, poolers
+/// and multi-host URLs included), as `idemproxy migrate` would.
+pub async fn migrate_store(store_section: &str) {
+    let text =
+        format!("upstream:\n  url: http://127.0.0.1:1\ndefaults:\n  lease: 30s\n{store_section}");
+    let config = idemproxy::config::load_str(&text, &Overrides::default()).unwrap();
+    let StoreConfig::Postgres(pg) = &config.store else {
+        panic!("not a PostgreSQL store section: {store_section}")
+    };
+    let store = PgStore::new(pg).unwrap();
+    let mut client = store.pool().get().await.unwrap();
+    migrate(&mut client).await.unwrap();
+}
+
 /// A TCP relay that a test can cut (every connection dropped, new ones refused) and
 /// restore: a database or upstream going away and coming back, for real.
 #[derive(Clone)]
@@ -639,6 +653,9 @@ pub struct Relay {
     pub addr: SocketAddr,
     up: Arc<std::sync::atomic::AtomicBool>,
     conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+    /// Raised by `freeze`: every connection, open or new, stops carrying bytes but stays
+    /// open — a host that vanished without a reset.
+    frozen: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Relay {
@@ -649,6 +666,7 @@ impl Relay {
             addr,
             up: Arc::default(),
             conns: Arc::default(),
+            frozen: Arc::new(tokio::sync::watch::channel(false).0),
         };
         relay.up.store(true, Ordering::SeqCst);
         let r = relay.clone();
@@ -661,9 +679,22 @@ impl Relay {
                     drop(inbound);
                     continue;
                 }
+                let mut frozen = r.frozen.subscribe();
                 let task = tokio::spawn(async move {
+                    let already = *frozen.borrow();
+                    if already {
+                        // Accepted, never answered; held open.
+                        return std::future::pending::<()>().await;
+                    }
                     if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        let froze = tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => false,
+                            raised = frozen.wait_for(|f| *f) => raised.is_ok(),
+                        };
+                        if froze {
+                            // Both sides held open, silent.
+                            std::future::pending::<()>().await;
+                        }
                     }
                 });
                 r.conns.lock().unwrap().push(task.abort_handle());
@@ -678,6 +709,12 @@ impl Relay {
         for c in self.conns.lock().unwrap().drain(..) {
             c.abort();
         }
+    }
+
+    /// Stops every connection, open and new, from carrying bytes, without closing any:
+    /// the other side sees silence, no reset.
+    pub fn freeze(&self) {
+        self.frozen.send_replace(true);
     }
 
     /// Accepts connections again.
