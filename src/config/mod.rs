@@ -6,6 +6,7 @@ mod file;
 pub mod libpq;
 mod load;
 mod model;
+mod print;
 pub mod units;
 
 pub(crate) use build::HOP_BY_HOP;

@@ -11,6 +11,7 @@ mod error;
 mod migrate;
 mod pg_connect;
 mod pg_listen;
+mod pg_sql;
 mod pg_tls;
 mod postgres;
 mod types;

@@ -1,0 +1,188 @@
+//! The effective configuration as `check-config` prints it: every default filled in, the
+//! route table spelled out, secrets hidden.
+
+use std::fmt;
+
+use http::{HeaderName, Method};
+
+use super::model::*;
+use super::units::{format_duration, format_size};
+
+impl fmt::Display for Config {
+    /// The effective configuration and route table, as `check-config` prints it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "listen: {}", self.listen)?;
+        writeln!(f, "admin_listen: {}", self.admin_listen)?;
+        writeln!(
+            f,
+            "tls: {}",
+            if self.tls.is_some() {
+                "on (HTTP/2 and HTTP/1.1 by ALPN)"
+            } else {
+                "off"
+            }
+        )?;
+        writeln!(f, "upstream:")?;
+        writeln!(
+            f,
+            "  url: {}{}",
+            self.upstream.origin,
+            self.upstream.base_path.trim_start_matches('/')
+        )?;
+        writeln!(
+            f,
+            "  connect_timeout: {}",
+            format_duration(self.upstream.connect_timeout)
+        )?;
+        writeln!(f, "  timeout: {}", format_duration(self.upstream.timeout))?;
+        writeln!(f, "  max_connections: {}", self.upstream.max_connections)?;
+        writeln!(f, "  tls: {}", self.upstream.tls_summary)?;
+        writeln!(f, "store:")?;
+        match &self.store {
+            StoreConfig::Postgres(pg) => {
+                writeln!(f, "  postgres:")?;
+                writeln!(f, "    url: {}", redact_url(&pg.url))?;
+                if let Some(listen) = &pg.listen_url {
+                    writeln!(f, "    listen_url: {}", redact_url(listen))?;
+                }
+                writeln!(f, "    sslmode: {}", pg.tls.mode.as_str())?;
+                for (key, value) in [
+                    ("sslrootcert", &pg.tls.sslrootcert),
+                    ("sslcert", &pg.tls.sslcert),
+                    ("sslkey", &pg.tls.sslkey),
+                ] {
+                    if let Some(value) = value {
+                        writeln!(f, "    {key}: {value}")?;
+                    }
+                }
+                writeln!(f, "    pool_size: {}", pg.pool_size)?;
+                writeln!(
+                    f,
+                    "    connect_timeout: {}",
+                    format_duration(pg.connect_timeout)
+                )?;
+                writeln!(f, "    timeout: {}", format_duration(pg.timeout))?;
+            }
+            StoreConfig::Embedded { path, timeout } => {
+                writeln!(f, "  embedded:")?;
+                writeln!(f, "    path: {}", path.display())?;
+                writeln!(f, "    timeout: {}", format_duration(*timeout))?;
+            }
+        }
+        match &self.client_id {
+            ClientIdSource::Header(h) => writeln!(f, "client_id:\n  header: {h}")?,
+            ClientIdSource::AuthorizationSha256 => {
+                writeln!(f, "client_id:\n  authorization: sha256")?
+            }
+            ClientIdSource::Static(name) => writeln!(f, "client_id:\n  static: {name}")?,
+        }
+        writeln!(
+            f,
+            "shutdown_grace: {}",
+            format_duration(self.shutdown_grace)
+        )?;
+        let l = &self.limits;
+        writeln!(
+            f,
+            "limits:\n  max_connections: {}\n  header_read_timeout: {}\n  body_read_timeout: {}\n  max_header_bytes: {}",
+            l.max_connections,
+            format_duration(l.header_read_timeout),
+            format_duration(l.body_read_timeout),
+            format_size(l.max_header_bytes as u64)
+        )?;
+        let token = if self.admin_token.is_some() {
+            "(set)"
+        } else {
+            "(none)"
+        };
+        writeln!(f, "admin_token: {token}")?;
+        writeln!(
+            f,
+            "sweep:\n  interval: {}\n  batch: {}",
+            format_duration(self.sweep_interval),
+            self.sweep_batch
+        )?;
+        if self.implicit_routes {
+            writeln!(
+                f,
+                "# no routes configured: every POST and PATCH carrying a key is protected"
+            )?;
+        }
+        for warning in &self.warnings {
+            writeln!(f, "# warning: {warning}")?;
+        }
+        writeln!(f, "routes:")?;
+        for route in self.routes.routes() {
+            let p = &route.policy;
+            let (methods, extensions): (Vec<&Method>, Vec<&Method>) =
+                route.methods.iter().partition(|m| is_registered_method(m));
+            let names = |list: Vec<&Method>| {
+                list.iter()
+                    .map(|m| m.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            writeln!(f, "  - name: {}", route.name)?;
+            writeln!(f, "    methods: [{}]", names(methods))?;
+            if !extensions.is_empty() {
+                writeln!(f, "    extension_methods: [{}]", names(extensions))?;
+            }
+            writeln!(f, "    path: {}", route.pattern.as_str())?;
+            writeln!(f, "    key_header: {}", p.key_header)?;
+            writeln!(f, "    upstream_key_header: {}", p.upstream_key_header)?;
+            writeln!(f, "    require_key: {}", p.require_key)?;
+            writeln!(f, "    lease: {}", format_duration(p.lease))?;
+            writeln!(f, "    retention: {}", format_duration(p.retention))?;
+            writeln!(f, "    max_body: {}", format_size(p.max_body))?;
+            writeln!(
+                f,
+                "    max_stored_response: {}",
+                format_size(p.max_stored_response)
+            )?;
+            match p.on_conflict {
+                OnConflict::Reject => writeln!(f, "    on_conflict: reject")?,
+                OnConflict::Wait(d) => {
+                    writeln!(f, "    on_conflict: {{ wait: {} }}", format_duration(d))?
+                }
+            }
+            match &p.fingerprint_fields {
+                Some(fields) => {
+                    writeln!(f, "    fingerprint: {{ fields: [{}] }}", fields.join(", "))?
+                }
+                None => writeln!(f, "    fingerprint: whole body")?,
+            }
+            let stored: Vec<&str> = ["content-type", "location"]
+                .into_iter()
+                .chain(p.store_headers.iter().map(HeaderName::as_str))
+                .collect();
+            writeln!(f, "    store_headers: [{}]", stored.join(", "))?;
+            if let Some(probe) = &p.recovery_probe {
+                let found: Vec<String> = probe.found.iter().map(u16::to_string).collect();
+                let missing: Vec<String> = probe.not_found.iter().map(u16::to_string).collect();
+                writeln!(
+                    f,
+                    "    recovery_probe: {{ method: {}, path: {}, found: [{}], not_found: [{}] }}",
+                    probe.method,
+                    probe.path,
+                    found.join(", "),
+                    missing.join(", ")
+                )?;
+            }
+            let ambiguous = match p.on_ambiguous {
+                Ambiguous::Keep => "keep",
+                Ambiguous::Store => "store",
+                Ambiguous::Release => "release",
+            };
+            writeln!(f, "    on_ambiguous: {ambiguous}")?;
+            if !p.ambiguous_statuses.is_empty() {
+                let codes: Vec<String> = p.ambiguous_statuses.iter().map(u16::to_string).collect();
+                writeln!(f, "    ambiguous_statuses: [{}]", codes.join(", "))?;
+            }
+            if !p.release_on.is_empty() {
+                let codes: Vec<String> = p.release_on.iter().map(u16::to_string).collect();
+                writeln!(f, "    release_on: [{}]", codes.join(", "))?;
+            }
+        }
+        Ok(())
+    }
+}

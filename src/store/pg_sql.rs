@@ -1,0 +1,68 @@
+//! The PostgreSQL store's statements, and how a row becomes a [`KeyRecord`]. Each is one
+//! round trip; the reservation is the `idempotency_reserve()` function of `migrations/`.
+
+use super::types::*;
+
+pub(super) const RESERVE: &str = "SELECT o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
+     o_response_status, o_response_headers, o_response_body, o_replayable \
+     FROM idempotency_reserve($1, $2, $3, $4, $5, $6)";
+
+pub(super) const RENEW: &str = "UPDATE idempotency_keys \
+     SET locked_until = now() + $4::int8 * interval '1 millisecond' \
+     WHERE client_id = $1 AND key = $2 AND lease_token = $3 AND status = 'in_progress'";
+
+/// Completion and release wake waiting duplicates in the same statement (and so the same
+/// round trip) when `$5`/`$9` says someone may wait; `NOTIFY` is delivered at commit.
+pub(super) const COMPLETE: &str = "WITH done AS ( \
+       UPDATE idempotency_keys \
+       SET status = 'done', locked_until = NULL, completed_at = now(), \
+           response_status = $6, response_headers = $7, response_body = $8, replayable = $9 \
+       WHERE client_id = $1 AND key = $2 AND lease_token = $3 AND status = 'in_progress' \
+       RETURNING 1) \
+     SELECT (SELECT count(*) FROM done), \
+            (SELECT pg_notify('idemproxy_done', $4) FROM done WHERE $5 LIMIT 1)::text";
+
+pub(super) const RELEASE: &str = "WITH gone AS ( \
+       DELETE FROM idempotency_keys \
+       WHERE client_id = $1 AND key = $2 AND lease_token = $3 AND status = 'in_progress' \
+       RETURNING 1) \
+     SELECT (SELECT count(*) FROM gone), \
+            (SELECT pg_notify('idemproxy_done', $4) FROM gone WHERE $5 LIMIT 1)::text";
+
+pub(super) const RECORD_COLUMNS: &str = "client_id, key, route, status, fingerprint, lease_token, \
+     (extract(epoch FROM locked_until - now()) * 1000)::int8, attempts, response_status, \
+     length(response_body)::int8, replayable, (extract(epoch FROM created_at) * 1000)::int8, \
+     (extract(epoch FROM completed_at) * 1000)::int8, (extract(epoch FROM expires_at) * 1000)::int8";
+
+pub(super) const EVICT: &str = "DELETE FROM idempotency_keys WHERE client_id = $1 AND key = $2";
+
+/// Rows are picked with `SKIP LOCKED`, so concurrent sweepers (replicas) split the work
+/// instead of waiting on each other, and each row is deleted once.
+pub(super) const SWEEP: &str = "DELETE FROM idempotency_keys WHERE ctid IN ( \
+       SELECT ctid FROM idempotency_keys \
+       WHERE expires_at < now() AND (status = 'done' OR locked_until < now()) \
+       LIMIT $1 FOR UPDATE SKIP LOCKED)";
+
+pub(super) fn record(r: &tokio_postgres::Row) -> Result<KeyRecord, StoreError> {
+    let status: Option<i16> = r.try_get(8)?;
+    let status = status
+        .map(|s| u16::try_from(s).map_err(|_| StoreError::Corrupt(format!("status {s}"))))
+        .transpose()?;
+    let done = r.try_get::<_, String>(3)? == "done";
+    Ok(KeyRecord {
+        client_id: r.try_get(0)?,
+        key: r.try_get(1)?,
+        route: r.try_get(2)?,
+        status: r.try_get(3)?,
+        fingerprint: r.try_get(4)?,
+        lease_token: r.try_get(5)?,
+        lease_remaining_ms: if done { None } else { r.try_get(6)? },
+        attempts: r.try_get(7)?,
+        response_status: status,
+        response_body_bytes: r.try_get(9)?,
+        replayable: r.try_get(10)?,
+        created_at_ms: r.try_get(11)?,
+        completed_at_ms: r.try_get(12)?,
+        expires_at_ms: r.try_get(13)?,
+    })
+}
