@@ -252,6 +252,24 @@ async fn sigterm_turns_readiness_off_at_once(db: Backend) {
     );
 }
 
+/// A payment the upstream is working on (its connection may be cut by the test).
+async fn payment_in_flight(
+    proxy: &ProxyProcess,
+    upstream: &Upstream,
+) -> tokio::task::JoinHandle<Result<Reply, String>> {
+    let client = client_for(proxy.addr);
+    let task = tokio::spawn(async move {
+        let headers = [
+            ("idempotency-key", "k"),
+            ("x-client-id", "c"),
+            ("content-type", "application/json"),
+        ];
+        client.try_send("POST", "/payments", &headers, BODY).await
+    });
+    upstream.wait_executions(1).await;
+    task
+}
+
 /// A grace period that runs out with work in flight is a failed stop: exit non-zero.
 async fn grace_running_out_exits_non_zero(db: Backend) {
     let upstream = Upstream::spawn(Behavior {
@@ -261,24 +279,7 @@ async fn grace_running_out_exits_non_zero(db: Backend) {
     .await;
     let yaml = format!("shutdown_grace: 1s\n{PAYMENTS}");
     let mut proxy = ProxyProcess::spawn(&yaml, &upstream, &db).await;
-    let _in_flight = {
-        let client = client_for(proxy.addr);
-        tokio::spawn(async move {
-            client
-                .try_send(
-                    "POST",
-                    "/payments",
-                    &[
-                        ("idempotency-key", "k"),
-                        ("x-client-id", "c"),
-                        ("content-type", "application/json"),
-                    ],
-                    BODY,
-                )
-                .await
-        })
-    };
-    upstream.wait_executions(1).await;
+    let _in_flight = payment_in_flight(&proxy, &upstream).await;
     proxy.terminate();
     let status = exit_status(&mut proxy).await;
     assert!(!status.success(), "{status:?}");
@@ -297,24 +298,7 @@ async fn second_signal_exits_at_once(db: Backend) {
     })
     .await;
     let mut proxy = ProxyProcess::spawn(PAYMENTS, &upstream, &db).await;
-    let _in_flight = {
-        let client = client_for(proxy.addr);
-        tokio::spawn(async move {
-            client
-                .try_send(
-                    "POST",
-                    "/payments",
-                    &[
-                        ("idempotency-key", "k"),
-                        ("x-client-id", "c"),
-                        ("content-type", "application/json"),
-                    ],
-                    BODY,
-                )
-                .await
-        })
-    };
-    upstream.wait_executions(1).await;
+    let _in_flight = payment_in_flight(&proxy, &upstream).await;
     proxy.terminate();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let signalled = std::time::Instant::now();

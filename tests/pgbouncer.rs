@@ -20,23 +20,11 @@ fn cluster_with_db() -> Cluster {
     cluster
 }
 
+/// The usual payments configuration on `store`, the payments route with `route_extra`.
 fn yaml(store: &str, route_extra: &str) -> String {
-    format!(
-        r#"
-upstream:
-  url: {{upstream}}
-  timeout: 10s
-{store}
-client_id:
-  header: X-Client-Id
-defaults:
-  lease: 30s
-routes:
-  - name: create-payment
-    methods: [POST]
-    path: /payments
-    require_key: true
-{route_extra}"#
+    PAYMENTS.replace("{store}", store).replace(
+        "    require_key: true\n",
+        &format!("    require_key: true\n{route_extra}"),
     )
 }
 
