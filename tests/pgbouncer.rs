@@ -148,3 +148,44 @@ async fn wait_mode_through_a_pooler_delivers_the_first_answer() {
     assert_eq!(upstream.executions(), 1);
     proxy.stop().await;
 }
+
+/// Behind the pooler too, a statement the proxy gave up on ends on the server (each
+/// statement carries its own `SET LOCAL statement_timeout`: the pooler refuses the
+/// start-up option and would leak a session `SET`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_given_up_on_end_on_the_server_behind_the_pooler() {
+    let cluster = cluster_with_db();
+    let bouncer = PgBouncer::start(&cluster, "pay", 2);
+    migrate_through(&bouncer.url("pay")).await;
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let dummy = Backend::embedded();
+    let config = yaml(&store(&bouncer.url("pay"), ""), "");
+    let proxy = TestProxy::spawn(&config, &upstream, &dummy).await;
+    let (mut locker, connection) =
+        tokio_postgres::connect(&cluster.url("postgres", "pay", ""), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let lock = locker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let reply = TestClient::new(&proxy)
+        .post("/payments", "shop-1", "blocked", BODY)
+        .await;
+    assert_eq!(reply.status, 503, "{reply:?}");
+    let blocked = || {
+        cluster.psql(
+            "pay",
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%idempotency_reserve%'",
+        )
+    };
+    let ended = eventually(Duration::from_secs(4), || async {
+        (blocked().trim() == "0").then_some(())
+    })
+    .await;
+    assert!(ended.is_some(), "the reservation still waits on the server");
+    assert_eq!(upstream.executions(), 0);
+    lock.rollback().await.unwrap();
+    proxy.stop().await;
+}

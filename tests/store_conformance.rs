@@ -416,3 +416,45 @@ async fn queued_calls_are_counted_and_bounded_by_the_timeout() {
     lock.rollback().await.unwrap();
     reserved(&store, "after", LONG, DAY).await;
 }
+
+/// A statement the proxy gave up on does not go on in PostgreSQL: `statement_timeout`
+/// (the store timeout) ends it on the server too, so it does not keep waiting for, or
+/// holding, row locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_given_up_on_end_on_the_server() {
+    let db = TestDb::new().await;
+    let name = format!("stmt-timeout-{}", std::process::id());
+    let store = idemproxy::store::PgStore::new(&idemproxy::config::PostgresConfig {
+        url: format!("{}&application_name={name}", db.url),
+        timeout: Duration::from_secs(1),
+        ..db.config()
+    })
+    .unwrap();
+    let mut locker = db.client().await;
+    let lock = locker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let given_up = store.reserve(&req("blocked", &FP, LONG, DAY)).await;
+    assert!(
+        matches!(given_up, Err(idemproxy::store::StoreError::Timeout(_))),
+        "{given_up:?}"
+    );
+    let watcher = db.client().await;
+    let waiting = || async {
+        watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'",
+                &[&name],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let ended = eventually(Duration::from_secs(3), || async {
+        (waiting().await == 0).then_some(())
+    })
+    .await;
+    assert!(ended.is_some(), "the statement still runs on the server");
+    lock.rollback().await.unwrap();
+}

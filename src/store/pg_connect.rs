@@ -6,13 +6,21 @@
 //! connect bounded: a primary that vanished behind a live address (a frozen VM, a proxy
 //! that accepts and never answers) would hold every new connection until the store call
 //! gives up, and the service would not come back after a promotion.
+//!
+//! Statements are also bounded on the server, by `statement_timeout` equal to the store
+//! timeout, so that a statement the proxy gave up on does not go on waiting for (or
+//! holding) row locks. A direct connection gets it as a start-up option, once. A
+//! transaction pooler (PgBouncer) refuses that option and would leak a session `SET` to
+//! other clients, so a connection through one sends each statement inside
+//! `BEGIN; SET LOCAL statement_timeout …; …; COMMIT`, pipelined: still one round trip.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
-use tokio_postgres::Client;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Row};
 
 use super::pg_tls::PgTlsConnect;
 use crate::store::describe;
@@ -20,7 +28,11 @@ use crate::store::describe;
 /// One host's connection settings, and how to name it in errors.
 struct Host {
     config: tokio_postgres::Config,
+    /// `config` with `statement_timeout` as a start-up option.
+    bounded: tokio_postgres::Config,
     label: String,
+    /// The host refused the start-up option: a transaction pooler (see the module doc).
+    pooler: AtomicBool,
 }
 
 /// The pool's connection maker.
@@ -31,16 +43,35 @@ pub struct PgManager {
     tls: PgTlsConnect,
     /// Bound on one host's whole attempt.
     per_host: Duration,
+    /// What each statement is prefixed with behind a pooler.
+    begin: Arc<str>,
 }
 
 impl PgManager {
-    /// `hosts` are single-host configurations (see `config::libpq::split_hosts`).
-    pub fn new(hosts: Vec<tokio_postgres::Config>, tls: PgTlsConnect, per_host: Duration) -> Self {
+    /// `hosts` are single-host configurations (see `config::libpq::split_hosts`);
+    /// statements are bounded on the server by `statement_timeout`.
+    pub fn new(
+        hosts: Vec<tokio_postgres::Config>,
+        tls: PgTlsConnect,
+        per_host: Duration,
+        statement_timeout: Duration,
+    ) -> Self {
+        let ms = statement_timeout.as_millis();
         let hosts = hosts
             .into_iter()
-            .map(|config| Host {
-                label: label(&config),
-                config,
+            .map(|config| {
+                let mut bounded = config.clone();
+                let option = format!("-c statement_timeout={ms}");
+                match config.get_options() {
+                    Some(own) => bounded.options(format!("{own} {option}")),
+                    None => bounded.options(&option),
+                };
+                Host {
+                    label: label(&config),
+                    config,
+                    bounded,
+                    pooler: AtomicBool::new(false),
+                }
             })
             .collect();
         Self {
@@ -48,7 +79,36 @@ impl PgManager {
             preferred: AtomicUsize::new(0),
             tls,
             per_host,
+            begin: format!("BEGIN; SET LOCAL statement_timeout = {ms}").into(),
         }
+    }
+
+    /// One host's attempt: with the start-up option, or (a pooler) without it.
+    async fn connect_host(
+        &self,
+        host: &Host,
+    ) -> Result<(Client, Option<Arc<str>>), tokio_postgres::Error> {
+        if !host.pooler.load(Ordering::Relaxed) {
+            match host.bounded.connect(self.tls.clone()).await {
+                Ok((client, connection)) => {
+                    drive(connection);
+                    return Ok((client, None));
+                }
+                // PgBouncer: "unsupported startup parameter: options".
+                Err(e)
+                    if e.as_db_error().is_some_and(|db| {
+                        db.message().contains("unsupported startup parameter")
+                    }) =>
+                {
+                    tracing::info!(host = %host.label, "a transaction pooler: statement_timeout is set per statement");
+                    host.pooler.store(true, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let (client, connection) = host.config.connect(self.tls.clone()).await?;
+        drive(connection);
+        Ok((client, Some(Arc::clone(&self.begin))))
     }
 
     /// A connection to the first host (starting with the preferred one) that takes it.
@@ -57,19 +117,13 @@ impl PgManager {
         let mut attempts = Vec::new();
         for i in (0..self.hosts.len()).map(|n| (first + n) % self.hosts.len()) {
             let host = &self.hosts[i];
-            let attempt =
-                tokio::time::timeout(self.per_host, host.config.connect(self.tls.clone()));
-            match attempt.await {
-                Ok(Ok((client, connection))) => {
+            match tokio::time::timeout(self.per_host, self.connect_host(host)).await {
+                Ok(Ok((client, begin))) => {
                     self.preferred.store(i, Ordering::Relaxed);
-                    tokio::spawn(async move {
-                        if let Err(e) = connection.await {
-                            tracing::debug!(cause = %describe(&e), "store connection ended");
-                        }
-                    });
                     return Ok(PgConn {
                         client,
                         spoiled: Arc::default(),
+                        begin,
                     });
                 }
                 Ok(Err(e)) => attempts.push((host.label.clone(), Failure::Postgres(e))),
@@ -80,15 +134,71 @@ impl PgManager {
     }
 }
 
+/// Runs a connection's I/O until it ends.
+fn drive<S, T>(connection: tokio_postgres::Connection<S, T>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(cause = %describe(&e), "store connection ended");
+        }
+    });
+}
+
 /// A pooled connection.
 pub struct PgConn {
     client: Client,
     /// Raised when a call on this connection was given up (its statement may still be
     /// running, or the server stopped answering): it is not lent again.
     spoiled: Arc<AtomicBool>,
+    /// Behind a pooler: the `BEGIN; SET LOCAL …` each statement runs after.
+    begin: Option<Arc<str>>,
 }
 
 impl PgConn {
+    /// Runs an unnamed typed statement (bounded on the server, see the module doc).
+    pub async fn typed_query(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let Some(begin) = &self.begin else {
+            return self.client.query_typed(sql, params).await;
+        };
+        // Queued in this order, sent back to back: one round trip.
+        let (began, rows, committed) = tokio::join!(
+            self.client.batch_execute(begin),
+            self.client.query_typed(sql, params),
+            self.client.batch_execute("COMMIT"),
+        );
+        began?;
+        let rows = rows?;
+        committed?;
+        Ok(rows)
+    }
+
+    /// Like [`PgConn::typed_query`], for the count of rows a statement touched.
+    pub async fn typed_execute(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        let Some(begin) = &self.begin else {
+            return self.client.execute_typed(sql, params).await;
+        };
+        let (began, count, committed) = tokio::join!(
+            self.client.batch_execute(begin),
+            self.client.execute_typed(sql, params),
+            self.client.batch_execute("COMMIT"),
+        );
+        began?;
+        let count = count?;
+        committed?;
+        Ok(count)
+    }
+
     /// A handle that marks this connection unfit for reuse.
     pub fn spoiler(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.spoiled)

@@ -62,7 +62,7 @@ impl PgStore {
             .map(|url| connection_config(url, config))
             .collect::<Result<Vec<_>, _>>()?;
         let tls = PgTlsConnect::new(Arc::clone(&config.tls.client));
-        let manager = PgManager::new(hosts, tls.clone(), config.connect_timeout);
+        let manager = PgManager::new(hosts, tls.clone(), config.connect_timeout, config.timeout);
         let pool = Pool::builder(manager)
             .max_size(config.pool_size)
             .runtime(Runtime::Tokio1)
@@ -225,13 +225,13 @@ impl PgStore {
             }
             params.extend_from_slice(extra);
             let n = if notify {
-                let rows = client.query_typed(sql, &params).await?;
+                let rows = client.typed_query(sql, &params).await?;
                 let row = rows
                     .first()
                     .ok_or_else(|| StoreError::Corrupt("no row from a fenced write".into()))?;
                 row.try_get::<_, i64>(0)? as u64
             } else {
-                client.execute_typed(sql, &params).await?
+                client.typed_execute(sql, &params).await?
             };
             Ok(if n == 1 {
                 Fenced::Applied
@@ -300,7 +300,7 @@ impl KeyStore for PgStore {
             let fp: &[u8] = req.fingerprint;
             let (lease, retention) = (millis(req.lease), millis(req.retention));
             let rows = client
-                .query_typed(
+                .typed_query(
                     RESERVE,
                     &[
                         (&req.client_id, Type::TEXT),
@@ -392,7 +392,7 @@ impl KeyStore for PgStore {
                 "SELECT {RECORD_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2"
             );
             let rows = client
-                .query_typed(&sql, &[(&client_id, Type::TEXT), (&key, Type::TEXT)])
+                .typed_query(&sql, &[(&client_id, Type::TEXT), (&key, Type::TEXT)])
                 .await?;
             rows.first().map(record).transpose()
         })
@@ -402,7 +402,7 @@ impl KeyStore for PgStore {
     async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
         self.with_client(|client| async move {
             let params: [Param<'_>; 2] = [(&client_id, Type::TEXT), (&key, Type::TEXT)];
-            Ok(client.execute_typed(EVICT, &params).await? > 0)
+            Ok(client.typed_execute(EVICT, &params).await? > 0)
         })
         .await
     }
@@ -413,7 +413,7 @@ impl KeyStore for PgStore {
                 "SELECT {RECORD_COLUMNS} FROM idempotency_keys \
                  WHERE status = 'in_progress' AND locked_until < now() ORDER BY locked_until LIMIT $1"
             );
-            let rows = client.query_typed(&sql, &[(&limit, Type::INT8)]).await?;
+            let rows = client.typed_query(&sql, &[(&limit, Type::INT8)]).await?;
             rows.iter().map(record).collect()
         })
         .await
@@ -421,7 +421,7 @@ impl KeyStore for PgStore {
 
     async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
         self.with_client(|client| async move {
-            Ok(client.execute_typed(SWEEP, &[(&batch, Type::INT8)]).await?)
+            Ok(client.typed_execute(SWEEP, &[(&batch, Type::INT8)]).await?)
         })
         .await
     }
