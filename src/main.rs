@@ -320,11 +320,7 @@ async fn open_store(config: &Config, run_migrations: bool) -> anyhow::Result<Any
             if let (AnyStore::Postgres(pg), StoreConfig::Postgres(settings)) =
                 (&store, &config.store)
             {
-                tracing::info!(
-                    tls = %settings.tls.summary(),
-                    encrypted = pg.tls_used(),
-                    "store connection made"
-                );
+                log_postgres_connection(config, pg, settings);
             }
         }
         Err(e) if e.is_tls() => {
@@ -337,6 +333,37 @@ async fn open_store(config: &Config, run_migrations: bool) -> anyhow::Result<Any
         Err(e) => return Err(e).context("the store answers with an error"),
     }
     Ok(store)
+}
+
+/// What the first store connection showed: TLS, a pooler, and how waiting duplicates
+/// will be woken.
+fn log_postgres_connection(config: &Config, pg: &PgStore, settings: &config::PostgresConfig) {
+    let pooler = pg.behind_pooler();
+    tracing::info!(
+        tls = %settings.tls.summary(),
+        encrypted = pg.tls_used(),
+        transaction_pooler = pooler,
+        "store connection made"
+    );
+    let waits = config
+        .routes
+        .routes()
+        .iter()
+        .any(|r| matches!(r.policy.on_conflict, config::OnConflict::Wait(_)));
+    if !waits {
+        return;
+    }
+    match (&settings.listen_url, pooler) {
+        (Some(_), _) => {
+            tracing::info!("waiting duplicates are woken by LISTEN on store.postgres.listen_url")
+        }
+        (None, false) => {
+            tracing::info!("waiting duplicates are woken by LISTEN on the store's URL")
+        }
+        (None, true) => tracing::warn!(
+            "the store's URL goes through a transaction pooler, which drops notifications: waiting duplicates fall back to a 1 s re-check; set store.postgres.listen_url to a direct connection"
+        ),
+    }
 }
 
 /// Server threads: `TOKIO_WORKER_THREADS` if set, else one per core the process may use.

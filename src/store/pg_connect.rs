@@ -83,6 +83,11 @@ impl PgManager {
         }
     }
 
+    /// Whether a host turned out to be a transaction pooler.
+    pub fn behind_pooler(&self) -> bool {
+        self.hosts.iter().any(|h| h.pooler.load(Ordering::Relaxed))
+    }
+
     /// One host's attempt: with the start-up option, or (a pooler) without it.
     async fn connect_host(
         &self,

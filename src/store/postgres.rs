@@ -105,6 +105,12 @@ impl PgStore {
         self.tls.was_used()
     }
 
+    /// Whether the connections so far went through a transaction pooler (for the
+    /// start-up log: notifications do not pass one).
+    pub fn behind_pooler(&self) -> bool {
+        self.pool.manager().behind_pooler()
+    }
+
     /// Waits for one of `pool_size` turns to use a connection; the call holds it until done.
     ///
     /// Why: past `pool_size` concurrent calls, calls queue, and under load (a thousand
