@@ -14,13 +14,14 @@
 //! other clients, so a connection through one sends each statement inside
 //! `BEGIN; SET LOCAL statement_timeout …; …; COMMIT`, pipelined: still one round trip.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Row};
+use tokio_postgres::{Client, Row, Statement};
 
 use super::pg_tls::PgTlsConnect;
 use crate::store::describe;
@@ -129,6 +130,7 @@ impl PgManager {
                         client,
                         spoiled: Arc::default(),
                         begin,
+                        prepared: std::sync::Mutex::default(),
                     });
                 }
                 Ok(Err(e)) => attempts.push((host.label.clone(), Failure::Postgres(e))),
@@ -160,6 +162,10 @@ pub struct PgConn {
     spoiled: Arc<AtomicBool>,
     /// Behind a pooler: the `BEGIN; SET LOCAL …` each statement runs after.
     begin: Option<Arc<str>>,
+    /// Direct connections only: statements prepared on this connection, by their SQL, so
+    /// that each is parsed and planned once per connection rather than on every call.
+    /// (Behind a pooler a named statement would live on some other server connection.)
+    prepared: std::sync::Mutex<HashMap<String, Statement>>,
 }
 
 impl PgConn {
@@ -170,7 +176,9 @@ impl PgConn {
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
         let Some(begin) = &self.begin else {
-            return self.client.query_typed(sql, params).await;
+            let statement = self.prepare(sql, params).await?;
+            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+            return self.client.query(&statement, &values).await;
         };
         // Queued in this order, sent back to back: one round trip.
         let (began, rows, committed) = tokio::join!(
@@ -184,6 +192,30 @@ impl PgConn {
         Ok(rows)
     }
 
+    /// The statement for `sql` on this connection, prepared on first use.
+    async fn prepare(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Statement, tokio_postgres::Error> {
+        let cached = self
+            .prepared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(sql)
+            .cloned();
+        if let Some(statement) = cached {
+            return Ok(statement);
+        }
+        let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+        let statement = self.client.prepare_typed(sql, &types).await?;
+        self.prepared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(sql.to_owned(), statement.clone());
+        Ok(statement)
+    }
+
     /// Like [`PgConn::typed_query`], for the count of rows a statement touched.
     pub async fn typed_execute(
         &self,
@@ -191,7 +223,9 @@ impl PgConn {
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<u64, tokio_postgres::Error> {
         let Some(begin) = &self.begin else {
-            return self.client.execute_typed(sql, params).await;
+            let statement = self.prepare(sql, params).await?;
+            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+            return self.client.execute(&statement, &values).await;
         };
         let (began, count, committed) = tokio::join!(
             self.client.batch_execute(begin),

@@ -1,9 +1,9 @@
 //! The PostgreSQL store: one table shared by any number of proxy replicas.
 //!
-//! Each call takes a connection from the pool, runs one statement (one round trip, unnamed
-//! and typed, so that transaction-mode poolers can serve it) and is bounded by the
-//! configured store timeout, so a database that hangs is treated like one that is down
-//! instead of stalling requests.
+//! Each call takes a connection from the pool, runs one statement (one round trip; prepared
+//! once per direct connection, unnamed and typed through a transaction pooler, see
+//! `pg_connect`) and is bounded by the configured store timeout, so a database that hangs
+//! is treated like one that is down instead of stalling requests.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -265,10 +265,9 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// A statement parameter with its type. Statements are sent unnamed with their parameter
-/// types (one round trip, no prepared statement left on the server connection), so they
-/// work through transaction-mode poolers such as PgBouncer, where consecutive statements
-/// of one client run on different server connections.
+/// A statement parameter with its type: the types let a statement be sent unnamed through
+/// a transaction pooler (where consecutive statements of one client run on different
+/// server connections) and prepared once elsewhere.
 type Param<'a> = (&'a (dyn ToSql + Sync), Type);
 
 /// How long a pooled connection is used before it is replaced.

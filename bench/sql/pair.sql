@@ -1,4 +1,0 @@
--- The statement pair idemproxy issues for a new key: reserve, then the fenced completion.
-\set r random(1, 1000000000000)
-SELECT o_lease_token AS token FROM idempotency_reserve('pgbench-' || :client_id, 'k' || :r, '\x0101010101010101010101010101010101010101010101010101010101010101'::bytea, 'create-payment', 10000, 86400000) \gset
-WITH done AS (UPDATE idempotency_keys SET status = 'done', locked_until = NULL, completed_at = now(), response_status = 201, response_headers = '\x636f6e74656e742d747970653a206170706c69636174696f6e2f6a736f6e0d0a'::bytea, response_body = '\x7b226368617267655f6964223a312c22616d6f756e74223a3130307d'::bytea, replayable = true WHERE client_id = 'pgbench-' || :client_id AND key = 'k' || :r AND lease_token = :token AND status = 'in_progress' RETURNING 1) SELECT (SELECT count(*) FROM done), (SELECT pg_notify('idemproxy_done', 'x') FROM done WHERE false LIMIT 1)::text;
