@@ -15,6 +15,9 @@ use super::Waiters;
 use super::pg_tls::PgTlsConnect;
 use super::types::KeyId;
 
+/// How long one attempt at the notification connection may take.
+const CONNECT_BOUND: Duration = Duration::from_secs(10);
+
 /// The channel every replica notifies and listens on.
 pub(super) const CHANNEL: &str = "idemproxy_done";
 
@@ -28,7 +31,14 @@ pub(super) async fn listen(
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        match config.connect(tls.clone()).await {
+        // Bounded as a whole: a host that accepts and never answers (a frozen primary)
+        // must not hold the notification connection's reconnects forever.
+        let connected = match tokio::time::timeout(CONNECT_BOUND, config.connect(tls.clone())).await
+        {
+            Ok(result) => result.map_err(|e| super::describe(&e)),
+            Err(_) => Err(format!("no answer within {CONNECT_BOUND:?}")),
+        };
+        match connected {
             Ok((client, mut connection)) => {
                 let drive = async {
                     loop {

@@ -292,6 +292,12 @@ fn connection_config(
     if pg.get_application_name().is_none() {
         pg.application_name("idemproxy");
     }
+    // TCP keepalives after 10 s idle instead of libpq's and the kernel's 2 h, unless the
+    // URL says otherwise: a host that vanished is noticed on an idle connection (the
+    // notification connection is idle most of the time).
+    if pg.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+        pg.keepalives_idle(Duration::from_secs(10));
+    }
     Ok(pg)
 }
 
