@@ -77,6 +77,30 @@ async fn unmigrated_postgres_is_refused_at_start() {
     assert_eq!(reply.status, 201, "{}", proxy.log_text());
 }
 
+/// A schema older than the binary needs (a migration not yet applied) is refused too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_schema_is_refused_at_start() {
+    let db = Backend::postgres().await;
+    let latest = idemproxy::store::MIGRATIONS.last().unwrap().0;
+    db.client()
+        .await
+        .execute(
+            "DELETE FROM idemproxy_migrations WHERE version = $1",
+            &[&latest],
+        )
+        .await
+        .unwrap();
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let (ok, stderr) = run_to_exit(&serve_yaml(&db, &upstream, free_port()), &["serve"], &[]).await;
+    assert!(!ok, "{stderr}");
+    assert!(
+        stderr.contains(&format!("version {}", latest - 1))
+            && stderr.contains(&format!("needs version {latest}"))
+            && stderr.contains("idemproxy migrate"),
+        "{stderr}"
+    );
+}
+
 /// A store that answers with errors (here: no schema) is not "unreachable": clients get
 /// a `store-failed` problem, and readiness says the schema is not migrated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

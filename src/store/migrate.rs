@@ -9,11 +9,18 @@ use tokio_postgres::types::Type;
 use super::StoreError;
 
 /// The migrations in order: (version, name, SQL).
-pub const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "idempotency_keys",
-    include_str!("../../migrations/0001_idempotency_keys.sql"),
-)];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "idempotency_keys",
+        include_str!("../../migrations/0001_idempotency_keys.sql"),
+    ),
+    (
+        2,
+        "reserve_reads_first",
+        include_str!("../../migrations/0002_reserve_reads_first.sql"),
+    ),
+];
 
 /// The schema version this binary needs: the last migration's.
 pub const LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
