@@ -58,10 +58,7 @@ impl StoreError {
         };
         match pg.code() {
             None => pg.is_closed(),
-            Some(code) => {
-                let code = code.code();
-                code == "25006" || code.starts_with("57P") || code.starts_with("08")
-            }
+            Some(code) => server_cannot_serve(code.code()),
         }
     }
 
@@ -102,13 +99,16 @@ fn pg_unreachable(e: &tokio_postgres::Error) -> bool {
         // No SQLSTATE: the connection itself failed (refused, reset, closed), or the host
         // was not writable for `target_session_attrs`.
         None => true,
-        // Connection exceptions, too many connections, shutting down or starting up, a
-        // read-only transaction (a standby, or a primary being demoted).
-        Some(code) => {
-            let code = code.code();
-            code.starts_with("08") || code.starts_with("57P") || code == "53300" || code == "25006"
-        }
+        // Or the server cannot take calls now, or has no room for this connection.
+        Some(code) => server_cannot_serve(code.code()) || code.code() == "53300",
     }
+}
+
+/// SQLSTATEs that say the server behind a connection cannot serve the store: connection
+/// exceptions (`08…`), shutting down or starting up (`57P…`), a read-only transaction
+/// (`25006`: a standby, or a primary being demoted).
+fn server_cannot_serve(code: &str) -> bool {
+    code.starts_with("08") || code.starts_with("57P") || code == "25006"
 }
 
 /// Whether a TLS handshake failure is among `e`'s causes.
