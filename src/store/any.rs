@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::group_commit::{Write, WriteBatch, Written};
 use super::types::*;
 use super::{EmbeddedStore, PgStore};
 use crate::config::StoreConfig;
@@ -104,5 +105,11 @@ impl KeyStore for AnyStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         delegate!(self, s => s.ping().await)
+    }
+}
+
+impl WriteBatch for AnyStore {
+    async fn write_batch(&self, writes: Vec<Write>) -> Vec<Result<Written, StoreError>> {
+        delegate!(self, s => s.write_batch(writes).await)
     }
 }

@@ -34,6 +34,9 @@ pub enum StoreError {
         "the database schema is at version {found}, this idemproxy needs version {needed}: run `idemproxy migrate` (or start with --migrate)"
     )]
     SchemaBehind { found: i32, needed: i32 },
+    /// One error answered to every write of a batch (the store could not take any).
+    #[error(transparent)]
+    Shared(Arc<StoreError>),
 }
 
 impl StoreError {
@@ -41,6 +44,7 @@ impl StoreError {
     /// [`super::pg_tls::HandshakeFailed`]): a certificate to fix, not an outage to wait out.
     pub fn is_tls(&self) -> bool {
         match self {
+            StoreError::Shared(e) => e.is_tls(),
             StoreError::Postgres(e) => chain_has_handshake(e),
             StoreError::Connect {
                 cause: deadpool::managed::PoolError::Backend(e),
@@ -53,6 +57,9 @@ impl StoreError {
     /// Whether the error says the connection it came on (and so every connection to that
     /// server) cannot serve the store any more: closed, shut down, or read-only.
     pub fn breaks_connections(&self) -> bool {
+        if let StoreError::Shared(e) = self {
+            return e.breaks_connections();
+        }
         let StoreError::Postgres(pg) = self else {
             return false;
         };
@@ -71,6 +78,7 @@ impl StoreError {
             return false;
         }
         match self {
+            StoreError::Shared(e) => e.is_unreachable(),
             StoreError::Timeout(_) => true,
             StoreError::Postgres(e) => pg_unreachable(e),
             // No host took the connection: unreachable unless a host answered with an

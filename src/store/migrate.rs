@@ -20,6 +20,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "reserve_reads_first",
         include_str!("../../migrations/0002_reserve_reads_first.sql"),
     ),
+    (
+        3,
+        "group_commit",
+        include_str!("../../migrations/0003_group_commit.sql"),
+    ),
 ];
 
 /// The schema version this binary needs: the last migration's.

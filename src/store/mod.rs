@@ -7,8 +7,11 @@
 
 mod any;
 mod embedded;
+mod embedded_write;
 mod error;
+mod group_commit;
 mod migrate;
+mod pg_batch;
 mod pg_connect;
 mod pg_listen;
 mod pg_sql;
@@ -20,6 +23,7 @@ mod waiters;
 pub use any::AnyStore;
 pub use embedded::EmbeddedStore;
 pub use error::describe;
+pub use group_commit::{Reserve, Write, WriteBatch, Written};
 pub use migrate::{MIGRATIONS, migrate};
 pub use postgres::{PgStore, Pool};
 pub use types::*;

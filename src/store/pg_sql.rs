@@ -43,6 +43,47 @@ pub(super) const SWEEP: &str = "DELETE FROM idempotency_keys WHERE ctid IN ( \
        WHERE expires_at < now() AND (status = 'done' OR locked_until < now()) \
        LIMIT $1 FOR UPDATE SKIP LOCKED)";
 
+/// A reservation's answer, in `idempotency_reserve()`'s eight columns from column `at`.
+pub(super) fn reservation(row: &tokio_postgres::Row, at: usize) -> Result<Reservation, StoreError> {
+    let outcome: &str = row.try_get(at)?;
+    Ok(match outcome {
+        "reserved" | "taken_over" => Reservation::Reserved(Lease {
+            token: row.try_get(at + 1)?,
+            attempts: row.try_get(at + 2)?,
+            takeover: outcome == "taken_over",
+        }),
+        "in_progress" => {
+            let ms: i64 = row.try_get(at + 3)?;
+            Reservation::InProgress {
+                lease_remaining: std::time::Duration::from_millis(ms.max(0) as u64),
+            }
+        }
+        "mismatch" => Reservation::Mismatch,
+        "done" => {
+            let status: i16 = row.try_get(at + 4)?;
+            let status = u16::try_from(status)
+                .map_err(|_| StoreError::Corrupt(format!("status {status}")))?;
+            if row.try_get::<_, Option<bool>>(at + 7)? == Some(false) {
+                Reservation::NotReplayable { status }
+            } else {
+                let headers: Option<Vec<u8>> = row.try_get(at + 5)?;
+                let body: Option<Vec<u8>> = row.try_get(at + 6)?;
+                Reservation::Done(StoredResponse {
+                    status,
+                    headers: headers.unwrap_or_default().into(),
+                    body: body.unwrap_or_default().into(),
+                })
+            }
+        }
+        other => return Err(StoreError::Corrupt(format!("reserve outcome `{other}`"))),
+    })
+}
+
+/// Milliseconds for an interval parameter.
+pub(super) fn millis(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 pub(super) fn record(r: &tokio_postgres::Row) -> Result<KeyRecord, StoreError> {
     let status: Option<i16> = r.try_get(8)?;
     let status = status

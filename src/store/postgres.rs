@@ -3,7 +3,9 @@
 //! Each call takes a connection from the pool, runs one statement (one round trip; prepared
 //! once per direct connection, unnamed and typed through a transaction pooler, see
 //! `pg_connect`) and is bounded by the configured store timeout, so a database that hangs
-//! is treated like one that is down instead of stalling requests.
+//! is treated like one that is down instead of stalling requests. Reservations,
+//! completions and releases of concurrent requests share a statement (`group_commit`,
+//! `pg_batch`).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,6 +19,7 @@ use tokio_postgres::config::SslMode;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::Waiters;
+use super::group_commit::{GroupCommit, Write};
 use super::pg_connect::PgManager;
 use super::pg_listen::listen;
 use super::pg_sql::*;
@@ -50,6 +53,8 @@ pub struct PgStore {
     turns: Arc<Semaphore>,
     /// Calls waiting for a turn, for the `pool_waiting` gauge.
     waiting: Arc<AtomicUsize>,
+    /// Reservations, completions and releases waiting to share a batch.
+    group: Arc<GroupCommit>,
 }
 
 impl PgStore {
@@ -97,6 +102,11 @@ impl PgStore {
             listening: Arc::default(),
             turns: Arc::new(Semaphore::new(config.pool_size)),
             waiting: Arc::default(),
+            group: Arc::new(GroupCommit::new(
+                batches_at_once(config.pool_size),
+                MAX_BATCH,
+                config.timeout,
+            )),
         })
     }
 
@@ -158,7 +168,10 @@ impl PgStore {
 
     /// Runs `call` on a pooled connection: after a turn (see [`PgStore::turn`]), with
     /// what follows the turn boxed, all of it bounded by the store timeout.
-    async fn with_client<T, Fut>(&self, call: impl FnOnce(Object) -> Fut) -> Result<T, StoreError>
+    pub(super) async fn with_client<T, Fut>(
+        &self,
+        call: impl FnOnce(Object) -> Fut,
+    ) -> Result<T, StoreError>
     where
         Fut: Future<Output = Result<T, StoreError>>,
     {
@@ -206,7 +219,7 @@ impl PgStore {
     /// Runs a statement that only applies while the row carries the fence's token.
     /// `$1..$3` are the fence; `notify` adds `$4` (payload) and `$5` (whether to notify)
     /// and reads the affected count from the first column instead of the command tag.
-    async fn fenced(
+    pub(super) async fn fenced(
         &self,
         sql: &str,
         fence: &Fence,
@@ -270,6 +283,19 @@ impl Drop for Waiting<'_> {
 /// server connections) and prepared once elsewhere.
 type Param<'a> = (&'a (dyn ToSql + Sync), Type);
 
+/// Writes per batch at most: a batch holds its rows' locks until it commits.
+const MAX_BATCH: usize = 64;
+
+/// Batches running at once on a pool of `pool_size`: far fewer than the pool, so that
+/// under load writes gather into batches instead of each taking a connection (and a
+/// commit) of its own; more than one on a large pool, whose database has the cores to run
+/// several. The rest of the pool serves replays' reads, renewals and the sweeper.
+/// Measured on 2 cores shared with the load: 1 or 2 batches at once 7.4–10k keyed req/s,
+/// 16 (every connection its own batch) 5.0k.
+fn batches_at_once(pool_size: usize) -> usize {
+    (pool_size / 8).clamp(1, 4)
+}
+
 /// How long a pooled connection is used before it is replaced.
 const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(30 * 60);
 
@@ -301,66 +327,12 @@ fn connection_config(
     Ok(pg)
 }
 
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
 impl KeyStore for PgStore {
     async fn reserve(&self, req: &ReserveRequest<'_>) -> Result<Reservation, StoreError> {
-        self.with_client(|client| async move {
-            let fp: &[u8] = req.fingerprint;
-            let (lease, retention) = (millis(req.lease), millis(req.retention));
-            let rows = client
-                .typed_query(
-                    RESERVE,
-                    &[
-                        (&req.client_id, Type::TEXT),
-                        (&req.key, Type::TEXT),
-                        (&fp, Type::BYTEA),
-                        (&req.route, Type::TEXT),
-                        (&lease, Type::INT8),
-                        (&retention, Type::INT8),
-                    ],
-                )
-                .await?;
-            let row = rows
-                .first()
-                .ok_or_else(|| StoreError::Corrupt("no row from idempotency_reserve".into()))?;
-            let outcome: &str = row.try_get(0)?;
-            let reservation = match outcome {
-                "reserved" | "taken_over" => Reservation::Reserved(Lease {
-                    token: row.try_get(1)?,
-                    attempts: row.try_get(2)?,
-                    takeover: outcome == "taken_over",
-                }),
-                "in_progress" => {
-                    let ms: i64 = row.try_get(3)?;
-                    Reservation::InProgress {
-                        lease_remaining: Duration::from_millis(ms.max(0) as u64),
-                    }
-                }
-                "mismatch" => Reservation::Mismatch,
-                "done" => {
-                    let status: i16 = row.try_get(4)?;
-                    let status = u16::try_from(status)
-                        .map_err(|_| StoreError::Corrupt(format!("status {status}")))?;
-                    if row.try_get::<_, Option<bool>>(7)? == Some(false) {
-                        Reservation::NotReplayable { status }
-                    } else {
-                        let headers: Option<Vec<u8>> = row.try_get(5)?;
-                        let body: Option<Vec<u8>> = row.try_get(6)?;
-                        Reservation::Done(StoredResponse {
-                            status,
-                            headers: headers.unwrap_or_default().into(),
-                            body: body.unwrap_or_default().into(),
-                        })
-                    }
-                }
-                other => return Err(StoreError::Corrupt(format!("reserve outcome `{other}`"))),
-            };
-            Ok(reservation)
-        })
-        .await
+        self.group
+            .write(self, Write::Reserve(req.into()))
+            .await?
+            .into_reservation()
     }
 
     async fn renew(&self, fence: &Fence, lease: Duration) -> Result<Fenced, StoreError> {
@@ -369,32 +341,17 @@ impl KeyStore for PgStore {
     }
 
     async fn complete(&self, fence: &Fence, completion: &Completion) -> Result<Fenced, StoreError> {
-        let (status, headers, body, replayable): (i16, Option<&[u8]>, Option<&[u8]>, bool) =
-            match completion {
-                Completion::Stored(r) => (
-                    r.status as i16,
-                    Some(r.headers.as_ref()),
-                    Some(r.body.as_ref()),
-                    true,
-                ),
-                Completion::NotReplayable { status } => (*status as i16, None, None, false),
-            };
-        self.fenced(
-            COMPLETE,
-            fence,
-            true,
-            &[
-                (&status, Type::INT2),
-                (&headers, Type::BYTEA),
-                (&body, Type::BYTEA),
-                (&replayable, Type::BOOL),
-            ],
-        )
-        .await
+        self.group
+            .write(self, Write::Complete(fence.clone(), completion.clone()))
+            .await?
+            .into_fenced()
     }
 
     async fn release(&self, fence: &Fence) -> Result<Fenced, StoreError> {
-        self.fenced(RELEASE, fence, true, &[]).await
+        self.group
+            .write(self, Write::Release(fence.clone()))
+            .await?
+            .into_fenced()
     }
 
     async fn lookup(&self, client_id: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
@@ -442,7 +399,7 @@ impl KeyStore for PgStore {
         Some(PoolStatus {
             size: s.size,
             available: s.available,
-            waiting: s.waiting + self.waiting.load(Ordering::Relaxed),
+            waiting: s.waiting + self.waiting.load(Ordering::Relaxed) + self.group.waiting(),
         })
     }
 

@@ -1,0 +1,82 @@
+-- Group commit: several reservations, completions and releases in one round trip and one
+-- commit. The proxy collects the writes of concurrent requests and sends them here as
+-- parallel arrays, one element per write, sorted by (client_id, key) so that two batches
+-- running at once take their row locks in the same order and cannot deadlock.
+--
+-- Each write keeps its own outcome, one row per element (o_index, 1-based): a reservation
+-- answers as idempotency_reserve() does; a completion or release answers `applied` (the
+-- row still carried its lease token and was written) or `refused` (it was taken over or
+-- evicted). A write that raises an error aborts the whole batch, which the proxy then
+-- runs one write at a time, so that only that write fails.
+CREATE FUNCTION idempotency_batch(
+    p_op           text[],     -- reserve | complete | release
+    p_client_id    text[],
+    p_key          text[],
+    p_fingerprint  bytea[],    -- reserve
+    p_route        text[],     -- reserve
+    p_lease_ms     bigint[],   -- reserve
+    p_retention_ms bigint[],   -- reserve
+    p_token        bigint[],   -- complete, release: the fence
+    p_status       smallint[], -- complete
+    p_headers      bytea[],    -- complete
+    p_body         bytea[],    -- complete
+    p_replayable   boolean[],  -- complete
+    p_notify       text[]      -- complete, release: payload to wake waiters with, or NULL
+) RETURNS TABLE (
+    o_index              integer,
+    o_outcome            text,
+    o_lease_token        bigint,
+    o_attempts           integer,
+    o_lease_remaining_ms bigint,
+    o_response_status    smallint,
+    o_response_headers   bytea,
+    o_response_body      bytea,
+    o_replayable         boolean
+) LANGUAGE plpgsql AS $$
+DECLARE
+    n integer := coalesce(array_length(p_op, 1), 0);
+BEGIN
+    FOR i IN 1 .. n LOOP
+        o_index := i;
+        IF p_op[i] = 'reserve' THEN
+            SELECT r.o_outcome, r.o_lease_token, r.o_attempts, r.o_lease_remaining_ms,
+                   r.o_response_status, r.o_response_headers, r.o_response_body, r.o_replayable
+              INTO o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms,
+                   o_response_status, o_response_headers, o_response_body, o_replayable
+              FROM idempotency_reserve(p_client_id[i], p_key[i], p_fingerprint[i], p_route[i],
+                                       p_lease_ms[i], p_retention_ms[i]) r;
+        ELSE
+            o_lease_token := NULL;
+            o_attempts := NULL;
+            o_lease_remaining_ms := NULL;
+            o_response_status := NULL;
+            o_response_headers := NULL;
+            o_response_body := NULL;
+            o_replayable := NULL;
+            IF p_op[i] = 'complete' THEN
+                UPDATE idempotency_keys k
+                   SET status = 'done', locked_until = NULL, completed_at = now(),
+                       response_status = p_status[i], response_headers = p_headers[i],
+                       response_body = p_body[i], replayable = p_replayable[i]
+                 WHERE k.client_id = p_client_id[i] AND k.key = p_key[i]
+                   AND k.lease_token = p_token[i] AND k.status = 'in_progress';
+            ELSIF p_op[i] = 'release' THEN
+                DELETE FROM idempotency_keys k
+                 WHERE k.client_id = p_client_id[i] AND k.key = p_key[i]
+                   AND k.lease_token = p_token[i] AND k.status = 'in_progress';
+            ELSE
+                RAISE EXCEPTION 'idempotency_batch: unknown operation %', p_op[i];
+            END IF;
+            IF FOUND THEN
+                o_outcome := 'applied';
+                IF p_notify[i] IS NOT NULL THEN
+                    PERFORM pg_notify('idemproxy_done', p_notify[i]);
+                END IF;
+            ELSE
+                o_outcome := 'refused';
+            END IF;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;

@@ -1,0 +1,205 @@
+//! The embedded store's writes, and its side of group commit: a batch is one `IMMEDIATE`
+//! transaction and so one fsync, each write in a savepoint of its own so that a write
+//! that fails is rolled back alone and its neighbours still commit.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+
+use super::group_commit::{Reserve, Write, Written};
+use super::types::*;
+
+/// Runs `writes` in one transaction: the outer error when the transaction could not be
+/// had or committed (nothing was written), otherwise each write's own outcome.
+pub(super) fn write_batch(
+    conn: &mut Connection,
+    writes: &[Write],
+    now: i64,
+) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
+    let mut tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut results = Vec::with_capacity(writes.len());
+    if let [write] = writes {
+        // Alone: the transaction is its savepoint.
+        results.push(Ok(apply(&tx, write, now)?));
+    } else {
+        for write in writes {
+            let savepoint = tx.savepoint()?;
+            match apply(&savepoint, write, now) {
+                Ok(written) => {
+                    savepoint.commit()?;
+                    results.push(Ok(written));
+                }
+                // Dropping the savepoint rolls this write back, and only this write.
+                Err(e) => results.push(Err(e)),
+            }
+        }
+    }
+    tx.commit()?;
+    Ok(results)
+}
+
+/// One write, inside the caller's transaction.
+fn apply(conn: &Connection, write: &Write, now: i64) -> Result<Written, StoreError> {
+    Ok(match write {
+        Write::Reserve(r) => Written::Reservation(reserve(conn, r, now)?),
+        Write::Complete(fence, completion) => {
+            use rusqlite::types::Value;
+            let (status, headers, body, replayable) = match completion {
+                Completion::Stored(r) => (
+                    r.status,
+                    Value::Blob(r.headers.to_vec()),
+                    Value::Blob(r.body.to_vec()),
+                    true,
+                ),
+                Completion::NotReplayable { status } => (*status, Value::Null, Value::Null, false),
+            };
+            let n = conn
+                .prepare_cached(
+                    "UPDATE idempotency_keys SET status = 'done', locked_until_ms = NULL, completed_ms = ?8, \
+                     response_status = ?4, response_headers = ?5, response_body = ?6, replayable = ?7 \
+                     WHERE client_id = ?1 AND key = ?2 AND lease_token = ?3 AND status = 'in_progress'",
+                )?
+                .execute(params![
+                    fence.client_id,
+                    fence.key,
+                    fence.token,
+                    i64::from(status),
+                    headers,
+                    body,
+                    replayable,
+                    now
+                ])?;
+            Written::Fenced(fenced(n))
+        }
+        Write::Release(fence) => {
+            let n = conn
+                .prepare_cached(
+                    "DELETE FROM idempotency_keys \
+                     WHERE client_id = ?1 AND key = ?2 AND lease_token = ?3 AND status = 'in_progress'",
+                )?
+                .execute(params![fence.client_id, fence.key, fence.token])?;
+            Written::Fenced(fenced(n))
+        }
+    })
+}
+
+fn fenced(rows: usize) -> Fenced {
+    if rows == 1 {
+        Fenced::Applied
+    } else {
+        Fenced::Refused
+    }
+}
+
+fn next_token(conn: &Connection) -> Result<i64, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE idempotency_counters SET value = value + 1 WHERE name = 'lease_token' RETURNING value",
+        )?
+        .query_row([], |r| r.get(0))?)
+}
+
+struct Existing {
+    fingerprint: Vec<u8>,
+    status: String,
+    locked_until_ms: Option<i64>,
+    response_status: Option<i64>,
+    response_headers: Option<Vec<u8>>,
+    response_body: Option<Vec<u8>>,
+    replayable: Option<bool>,
+}
+
+/// Inserts the key in progress, takes over an expired lease, or says what the row says.
+fn reserve(conn: &Connection, r: &Reserve, now: i64) -> Result<Reservation, StoreError> {
+    let (lease, retention) = (millis(r.lease), millis(r.retention));
+    let existing = conn
+        .prepare_cached(
+            "SELECT fingerprint, status, locked_until_ms, response_status, response_headers, response_body, replayable \
+             FROM idempotency_keys WHERE client_id = ?1 AND key = ?2",
+        )?
+        .query_row(params![r.client_id, r.key], |row| {
+            Ok(Existing {
+                fingerprint: row.get(0)?,
+                status: row.get(1)?,
+                locked_until_ms: row.get(2)?,
+                response_status: row.get(3)?,
+                response_headers: row.get(4)?,
+                response_body: row.get(5)?,
+                replayable: row.get(6)?,
+            })
+        })
+        .optional()?;
+    Ok(match existing {
+        None => {
+            let token = next_token(conn)?;
+            conn.prepare_cached(
+                "INSERT INTO idempotency_keys (client_id, key, route, fingerprint, status, lease_token, \
+                 locked_until_ms, attempts, created_ms, expires_ms) \
+                 VALUES (?1, ?2, ?3, ?4, 'in_progress', ?5, ?6, 1, ?7, ?8)",
+            )?
+            .execute(params![
+                r.client_id,
+                r.key,
+                r.route,
+                r.fingerprint.as_slice(),
+                token,
+                now.saturating_add(lease),
+                now,
+                now.saturating_add(retention)
+            ])?;
+            Reservation::Reserved(Lease {
+                token,
+                attempts: 1,
+                takeover: false,
+            })
+        }
+        Some(row) if row.fingerprint != r.fingerprint => Reservation::Mismatch,
+        Some(row) if row.status == "done" => {
+            let status = row.response_status.unwrap_or_default();
+            let status = u16::try_from(status)
+                .map_err(|_| StoreError::Corrupt(format!("status {status}")))?;
+            if row.replayable == Some(false) {
+                Reservation::NotReplayable { status }
+            } else {
+                Reservation::Done(StoredResponse {
+                    status,
+                    headers: Bytes::from(row.response_headers.unwrap_or_default()),
+                    body: Bytes::from(row.response_body.unwrap_or_default()),
+                })
+            }
+        }
+        Some(row) if row.locked_until_ms.unwrap_or(0) >= now => Reservation::InProgress {
+            lease_remaining: Duration::from_millis(
+                row.locked_until_ms.unwrap_or(0).saturating_sub(now).max(0) as u64,
+            ),
+        },
+        Some(_) => {
+            let token = next_token(conn)?;
+            let attempts: i32 = conn
+                .prepare_cached(
+                    "UPDATE idempotency_keys SET lease_token = ?3, locked_until_ms = ?4, attempts = attempts + 1, \
+                     expires_ms = ?5 WHERE client_id = ?1 AND key = ?2 RETURNING attempts",
+                )?
+                .query_row(
+                    params![
+                        r.client_id,
+                        r.key,
+                        token,
+                        now.saturating_add(lease),
+                        now.saturating_add(retention)
+                    ],
+                    |row| row.get(0),
+                )?;
+            Reservation::Reserved(Lease {
+                token,
+                attempts,
+                takeover: true,
+            })
+        }
+    })
+}
+
+pub(super) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,248 @@
+//! Group commit: concurrent reservations, completions and releases share one round trip
+//! and one commit.
+//!
+//! Why: a keyed request is two writes, and a database commits (and fsyncs) each write on
+//! its own. Under load most of the store's work is that per-transaction cost, not the
+//! rows. Here a write joins a queue; when fewer than `max_in_flight` batches are running,
+//! the writer starts one at once with whatever is queued (an idle proxy therefore sends at
+//! once: nothing waits for a timer), and while batches run the next one accumulates.
+//!
+//! A batch is not a transaction whose failure fails its neighbours: each member gets its
+//! own outcome, and a statement error in one member makes the store run the members one by
+//! one (see the stores' `write_batch`), so only the bad one fails.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::types::*;
+use crate::fingerprint::Fingerprint;
+
+/// A write that can share a batch with others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    Reserve(Reserve),
+    Complete(Fence, Completion),
+    Release(Fence),
+}
+
+impl Write {
+    /// The row this write touches: batches are sent in this order, so that two batches
+    /// running at once lock their rows in the same order and cannot deadlock.
+    pub fn row(&self) -> (&str, &str) {
+        match self {
+            Write::Reserve(r) => (&r.client_id, &r.key),
+            Write::Complete(f, _) | Write::Release(f) => (&f.client_id, &f.key),
+        }
+    }
+}
+
+/// An owned [`ReserveRequest`], to wait in a queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reserve {
+    pub client_id: String,
+    pub key: String,
+    pub fingerprint: Fingerprint,
+    pub route: String,
+    pub lease: Duration,
+    pub retention: Duration,
+}
+
+impl Reserve {
+    /// The borrowed form the single-write paths take.
+    pub fn request(&self) -> ReserveRequest<'_> {
+        ReserveRequest {
+            client_id: &self.client_id,
+            key: &self.key,
+            fingerprint: &self.fingerprint,
+            route: &self.route,
+            lease: self.lease,
+            retention: self.retention,
+        }
+    }
+}
+
+impl From<&ReserveRequest<'_>> for Reserve {
+    fn from(r: &ReserveRequest<'_>) -> Self {
+        Self {
+            client_id: r.client_id.to_owned(),
+            key: r.key.to_owned(),
+            fingerprint: *r.fingerprint,
+            route: r.route.to_owned(),
+            lease: r.lease,
+            retention: r.retention,
+        }
+    }
+}
+
+/// What a [`Write`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    Reservation(Reservation),
+    Fenced(Fenced),
+}
+
+impl Written {
+    /// The outcome of a reservation; any other answer to one is a store defect.
+    pub fn into_reservation(self) -> Result<Reservation, StoreError> {
+        match self {
+            Written::Reservation(r) => Ok(r),
+            Written::Fenced(_) => Err(StoreError::Corrupt(
+                "a fenced-write outcome for a reservation".into(),
+            )),
+        }
+    }
+
+    /// The outcome of a completion or release.
+    pub fn into_fenced(self) -> Result<Fenced, StoreError> {
+        match self {
+            Written::Fenced(f) => Ok(f),
+            Written::Reservation(_) => Err(StoreError::Corrupt(
+                "a reservation outcome for a fenced write".into(),
+            )),
+        }
+    }
+}
+
+/// A store that can run several writes in one transaction.
+pub trait WriteBatch: Clone + Send + Sync + 'static {
+    /// Runs `writes` (one answer each, in their order).
+    fn write_batch(
+        &self,
+        writes: Vec<Write>,
+    ) -> impl Future<Output = Vec<Result<Written, StoreError>>> + Send;
+}
+
+/// The queue of writes waiting for a batch.
+pub(super) struct GroupCommit {
+    queue: Mutex<Queue>,
+    /// Batches running at once (PostgreSQL: a few connections; SQLite: its one writer).
+    max_in_flight: usize,
+    /// Writes per batch at most.
+    max_batch: usize,
+    /// Bound on one write, the wait in the queue included.
+    timeout: Duration,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Member>,
+    in_flight: usize,
+}
+
+struct Member {
+    write: Write,
+    reply: oneshot::Sender<Result<Written, StoreError>>,
+}
+
+impl GroupCommit {
+    pub(super) fn new(max_in_flight: usize, max_batch: usize, timeout: Duration) -> Self {
+        Self {
+            queue: Mutex::default(),
+            max_in_flight: max_in_flight.max(1),
+            max_batch: max_batch.max(1),
+            timeout,
+        }
+    }
+
+    /// Writes waiting for a batch to take them (for the `pool_waiting` gauge).
+    pub(super) fn waiting(&self) -> usize {
+        self.lock().waiting.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `write` in the next batch, bounded by the store timeout.
+    pub(super) async fn write<S: WriteBatch>(
+        self: &Arc<Self>,
+        store: &S,
+        write: Write,
+    ) -> Result<Written, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let start = {
+            let mut queue = self.lock();
+            queue.waiting.push(Member { write, reply });
+            if queue.in_flight < self.max_in_flight {
+                queue.in_flight += 1;
+                Some(self.take(&mut queue))
+            } else {
+                None
+            }
+        };
+        if let Some(batch) = start {
+            // A task of its own: the batch answers every member even when the caller that
+            // started it goes away (its client disconnected).
+            tokio::spawn(Arc::clone(self).drive(store.clone(), batch));
+        }
+        match tokio::time::timeout(self.timeout, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(StoreError::Blocking(
+                "the batch this write was in ended without an answer".into(),
+            )),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+
+    /// Up to `max_batch` waiting writes whose callers still wait (a caller that gave up,
+    /// or whose client left, asked for nothing any more).
+    fn take(&self, queue: &mut Queue) -> Vec<Member> {
+        queue.waiting.retain(|m| !m.reply.is_closed());
+        let n = queue.waiting.len().min(self.max_batch);
+        queue.waiting.drain(..n).collect()
+    }
+
+    /// Runs batches until the queue is empty, then gives up its place.
+    async fn drive<S: WriteBatch>(self: Arc<Self>, store: S, mut batch: Vec<Member>) {
+        let mut running = Running(Some(&self));
+        loop {
+            if !batch.is_empty() {
+                let (writes, replies): (Vec<_>, Vec<_>) =
+                    batch.into_iter().map(|m| (m.write, m.reply)).unzip();
+                let results = store.write_batch(writes).await;
+                let mut results = results.into_iter();
+                for reply in replies {
+                    let result = results.next().unwrap_or_else(|| {
+                        Err(StoreError::Corrupt(
+                            "a batch gave fewer answers than writes".into(),
+                        ))
+                    });
+                    // A caller that gave up meanwhile no longer listens.
+                    let _ = reply.send(result);
+                }
+            }
+            let mut queue = self.lock();
+            batch = self.take(&mut queue);
+            if batch.is_empty() {
+                // Given back under the same lock a writer checks it under: a write queued
+                // after this either sees the place free or is taken by this loop.
+                queue.in_flight = queue.in_flight.saturating_sub(1);
+                running.0 = None;
+                return;
+            }
+        }
+    }
+}
+
+/// Gives a running batch's place back if its task ends unexpectedly (a panic), so that a
+/// later write can start the next batch.
+struct Running<'a>(Option<&'a GroupCommit>);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Some(group) = self.0 {
+            let mut queue = group.lock();
+            queue.in_flight = queue.in_flight.saturating_sub(1);
+        }
+    }
+}
+
+/// The order a batch is sent in: by row, members of one row in the order they came.
+pub(super) fn row_order(writes: &[Write]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..writes.len()).collect();
+    order.sort_by(|&a, &b| writes[a].row().cmp(&writes[b].row()));
+    order
+}

@@ -1,0 +1,220 @@
+//! PostgreSQL's side of group commit: a batch of writes is one call of
+//! `idempotency_batch()` (`migrations/0003_group_commit.sql`), a lone write its own
+//! statement, so that an idle proxy's requests cost what they did before batching.
+
+use tokio_postgres::Row;
+use tokio_postgres::types::Type;
+
+use super::PgStore;
+use super::group_commit::{Write, WriteBatch, Written, row_order};
+use super::pg_sql::*;
+use super::types::*;
+
+const BATCH: &str = "SELECT o_index, o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
+     o_response_status, o_response_headers, o_response_body, o_replayable \
+     FROM idempotency_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+
+impl WriteBatch for PgStore {
+    async fn write_batch(&self, writes: Vec<Write>) -> Vec<Result<Written, StoreError>> {
+        if let [write] = writes.as_slice() {
+            return vec![self.write_one(write).await];
+        }
+        match self.batch_statement(&writes).await {
+            Ok(results) => results,
+            // The server could not take the batch: it could not take its members either.
+            Err(e) if e.is_unreachable() || e.breaks_connections() => {
+                let shared = std::sync::Arc::new(e);
+                writes
+                    .iter()
+                    .map(|_| Err(StoreError::Shared(std::sync::Arc::clone(&shared))))
+                    .collect()
+            }
+            // One member's statement failed and rolled the batch back: nothing of it was
+            // written, so each member runs alone and only the bad one fails.
+            Err(e) => {
+                tracing::debug!(cause = %e, writes = writes.len(), "a batch failed; its writes run one by one");
+                let mut results = Vec::with_capacity(writes.len());
+                for write in &writes {
+                    results.push(self.write_one(write).await);
+                }
+                results
+            }
+        }
+    }
+}
+
+impl PgStore {
+    /// One write in a statement of its own.
+    async fn write_one(&self, write: &Write) -> Result<Written, StoreError> {
+        match write {
+            Write::Reserve(r) => {
+                let req = r.request();
+                self.with_client(|client| async move {
+                    let fp: &[u8] = req.fingerprint;
+                    let (lease, retention) = (millis(req.lease), millis(req.retention));
+                    let rows = client
+                        .typed_query(
+                            RESERVE,
+                            &[
+                                (&req.client_id, Type::TEXT),
+                                (&req.key, Type::TEXT),
+                                (&fp, Type::BYTEA),
+                                (&req.route, Type::TEXT),
+                                (&lease, Type::INT8),
+                                (&retention, Type::INT8),
+                            ],
+                        )
+                        .await?;
+                    let row = rows.first().ok_or_else(|| {
+                        StoreError::Corrupt("no row from idempotency_reserve".into())
+                    })?;
+                    reservation(row, 0).map(Written::Reservation)
+                })
+                .await
+            }
+            Write::Complete(fence, completion) => {
+                let (status, headers, body, replayable) = completion_columns(completion);
+                self.fenced(
+                    COMPLETE,
+                    fence,
+                    true,
+                    &[
+                        (&status, Type::INT2),
+                        (&headers, Type::BYTEA),
+                        (&body, Type::BYTEA),
+                        (&replayable, Type::BOOL),
+                    ],
+                )
+                .await
+                .map(Written::Fenced)
+            }
+            Write::Release(fence) => self
+                .fenced(RELEASE, fence, true, &[])
+                .await
+                .map(Written::Fenced),
+        }
+    }
+
+    /// Every write of `writes` in one statement, one transaction: the outer error when
+    /// the statement failed (nothing was written), otherwise each write's own outcome.
+    async fn batch_statement(
+        &self,
+        writes: &[Write],
+    ) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
+        let order = row_order(writes);
+        let n = writes.len();
+        let mut op = Vec::with_capacity(n);
+        let mut client_id = Vec::with_capacity(n);
+        let mut key = Vec::with_capacity(n);
+        let mut fingerprint: Vec<Option<&[u8]>> = Vec::with_capacity(n);
+        let mut route: Vec<Option<&str>> = Vec::with_capacity(n);
+        let mut lease: Vec<Option<i64>> = Vec::with_capacity(n);
+        let mut retention: Vec<Option<i64>> = Vec::with_capacity(n);
+        let mut token: Vec<Option<i64>> = Vec::with_capacity(n);
+        let mut status: Vec<Option<i16>> = Vec::with_capacity(n);
+        let mut headers: Vec<Option<&[u8]>> = Vec::with_capacity(n);
+        let mut body: Vec<Option<&[u8]>> = Vec::with_capacity(n);
+        let mut replayable: Vec<Option<bool>> = Vec::with_capacity(n);
+        let mut notify: Vec<Option<String>> = Vec::with_capacity(n);
+        for &i in &order {
+            let (c, k) = writes[i].row();
+            client_id.push(c);
+            key.push(k);
+            let (reserve, fence, completion) = match &writes[i] {
+                Write::Reserve(r) => (Some(r), None, None),
+                Write::Complete(f, c) => (None, Some(f), Some(c)),
+                Write::Release(f) => (None, Some(f), None),
+            };
+            op.push(match &writes[i] {
+                Write::Reserve(_) => "reserve",
+                Write::Complete(..) => "complete",
+                Write::Release(_) => "release",
+            });
+            fingerprint.push(reserve.map(|r| r.fingerprint.as_slice()));
+            route.push(reserve.map(|r| r.route.as_str()));
+            lease.push(reserve.map(|r| millis(r.lease)));
+            retention.push(reserve.map(|r| millis(r.retention)));
+            token.push(fence.map(|f| f.token));
+            // Hashed only when someone may be waiting; otherwise no NOTIFY is sent.
+            notify.push(
+                fence
+                    .filter(|f| f.notify)
+                    .map(|f| crate::proxy::hex(&f.key_id())),
+            );
+            let columns = completion.map(completion_columns);
+            status.push(columns.map(|c| c.0));
+            headers.push(columns.and_then(|c| c.1));
+            body.push(columns.and_then(|c| c.2));
+            replayable.push(columns.map(|c| c.3));
+        }
+        let rows = self
+            .with_client(|client| async move {
+                Ok(client
+                    .typed_query(
+                        BATCH,
+                        &[
+                            (&op, Type::TEXT_ARRAY),
+                            (&client_id, Type::TEXT_ARRAY),
+                            (&key, Type::TEXT_ARRAY),
+                            (&fingerprint, Type::BYTEA_ARRAY),
+                            (&route, Type::TEXT_ARRAY),
+                            (&lease, Type::INT8_ARRAY),
+                            (&retention, Type::INT8_ARRAY),
+                            (&token, Type::INT8_ARRAY),
+                            (&status, Type::INT2_ARRAY),
+                            (&headers, Type::BYTEA_ARRAY),
+                            (&body, Type::BYTEA_ARRAY),
+                            (&replayable, Type::BOOL_ARRAY),
+                            (&notify, Type::TEXT_ARRAY),
+                        ],
+                    )
+                    .await?)
+            })
+            .await?;
+        let mut results: Vec<Option<Result<Written, StoreError>>> = (0..n).map(|_| None).collect();
+        for row in &rows {
+            let at = row
+                .try_get::<_, i32>(0)
+                .ok()
+                .and_then(|i| usize::try_from(i).ok())
+                .and_then(|i| order.get(i.checked_sub(1)?).copied())
+                .ok_or_else(|| StoreError::Corrupt("a batch answer with no write".into()))?;
+            results[at] = Some(match &writes[at] {
+                Write::Reserve(_) => reservation(row, 1).map(Written::Reservation),
+                Write::Complete(..) | Write::Release(_) => fenced(row).map(Written::Fenced),
+            });
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(StoreError::Corrupt(
+                        "no answer for a write in a batch".into(),
+                    ))
+                })
+            })
+            .collect())
+    }
+}
+
+/// A completion's columns: status, headers, body, whether it replays.
+fn completion_columns(c: &Completion) -> (i16, Option<&[u8]>, Option<&[u8]>, bool) {
+    match c {
+        Completion::Stored(r) => (
+            r.status as i16,
+            Some(r.headers.as_ref()),
+            Some(r.body.as_ref()),
+            true,
+        ),
+        Completion::NotReplayable { status } => (*status as i16, None, None, false),
+    }
+}
+
+/// A completion's or release's answer in a batch.
+fn fenced(row: &Row) -> Result<Fenced, StoreError> {
+    match row.try_get::<_, &str>(1)? {
+        "applied" => Ok(Fenced::Applied),
+        "refused" => Ok(Fenced::Refused),
+        other => Err(StoreError::Corrupt(format!("batch outcome `{other}`"))),
+    }
+}
