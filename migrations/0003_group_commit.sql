@@ -1,3 +1,92 @@
+-- A replayed answer now says how much longer its row is kept (o_expires_in_ms), so that a
+-- proxy may keep it in memory for no longer than that. Same arguments, same outcomes, one
+-- more column (callers that name their columns are unaffected), so the function is
+-- dropped and created again in this migration's transaction.
+DROP FUNCTION idempotency_reserve(text, text, bytea, text, bigint, bigint);
+
+CREATE FUNCTION idempotency_reserve(
+    p_client_id    text,
+    p_key          text,
+    p_fingerprint  bytea,
+    p_route        text,
+    p_lease_ms     bigint,
+    p_retention_ms bigint
+) RETURNS TABLE (
+    o_outcome            text,     -- reserved | taken_over | in_progress | mismatch | done
+    o_lease_token        bigint,
+    o_attempts           integer,
+    o_lease_remaining_ms bigint,
+    o_response_status    smallint,
+    o_response_headers   bytea,
+    o_response_body      bytea,
+    o_replayable         boolean,
+    o_expires_in_ms      bigint    -- done: how much longer the row is kept
+) LANGUAGE plpgsql AS $$
+DECLARE
+    r idempotency_keys%ROWTYPE;
+BEGIN
+    LOOP
+        SELECT * INTO r FROM idempotency_keys k WHERE k.client_id = p_client_id AND k.key = p_key;
+        IF NOT FOUND THEN
+            INSERT INTO idempotency_keys AS k
+                (client_id, key, route, fingerprint, lease_token, locked_until, expires_at)
+            VALUES
+                (p_client_id, p_key, p_route, p_fingerprint, nextval('idempotency_lease_token_seq'),
+                 now() + p_lease_ms * interval '1 millisecond',
+                 now() + p_retention_ms * interval '1 millisecond')
+            ON CONFLICT (client_id, key) DO NOTHING
+            RETURNING k.lease_token, k.attempts INTO o_lease_token, o_attempts;
+            IF FOUND THEN
+                o_outcome := 'reserved';
+                RETURN NEXT;
+                RETURN;
+            END IF;
+            CONTINUE;  -- inserted by someone else meanwhile: look again
+        END IF;
+        IF r.fingerprint <> p_fingerprint THEN
+            o_outcome := 'mismatch';
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        IF r.status = 'done' THEN
+            o_outcome := 'done';
+            o_response_status := r.response_status;
+            o_response_headers := r.response_headers;
+            o_response_body := r.response_body;
+            o_replayable := r.replayable;
+            o_attempts := r.attempts;
+            o_expires_in_ms := floor(extract(epoch FROM r.expires_at - now()) * 1000)::bigint;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        IF r.locked_until >= now() THEN
+            o_outcome := 'in_progress';
+            o_lease_remaining_ms := ceil(extract(epoch FROM r.locked_until - now()) * 1000)::bigint;
+            o_attempts := r.attempts;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+
+        UPDATE idempotency_keys k
+           SET lease_token  = nextval('idempotency_lease_token_seq'),
+               locked_until = now() + p_lease_ms * interval '1 millisecond',
+               attempts     = k.attempts + 1,
+               expires_at   = now() + p_retention_ms * interval '1 millisecond'
+         WHERE k.client_id = p_client_id AND k.key = p_key
+           AND k.status = 'in_progress'
+           AND k.locked_until < now()
+           AND k.fingerprint = p_fingerprint
+        RETURNING k.lease_token, k.attempts INTO o_lease_token, o_attempts;
+        IF FOUND THEN
+            o_outcome := 'taken_over';
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        -- The row changed under us (renewed, completed, taken over or released): look again.
+    END LOOP;
+END
+$$;
+
 -- Group commit: several reservations, completions and releases in one round trip and one
 -- commit. The proxy collects the writes of concurrent requests and sends them here as
 -- parallel arrays, one element per write, sorted by (client_id, key) so that two batches
@@ -31,7 +120,8 @@ CREATE FUNCTION idempotency_batch(
     o_response_status    smallint,
     o_response_headers   bytea,
     o_response_body      bytea,
-    o_replayable         boolean
+    o_replayable         boolean,
+    o_expires_in_ms      bigint
 ) LANGUAGE plpgsql AS $$
 DECLARE
     n integer := coalesce(array_length(p_op, 1), 0);
@@ -40,9 +130,11 @@ BEGIN
         o_index := i;
         IF p_op[i] = 'reserve' THEN
             SELECT r.o_outcome, r.o_lease_token, r.o_attempts, r.o_lease_remaining_ms,
-                   r.o_response_status, r.o_response_headers, r.o_response_body, r.o_replayable
+                   r.o_response_status, r.o_response_headers, r.o_response_body, r.o_replayable,
+                   r.o_expires_in_ms
               INTO o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms,
-                   o_response_status, o_response_headers, o_response_body, o_replayable
+                   o_response_status, o_response_headers, o_response_body, o_replayable,
+                   o_expires_in_ms
               FROM idempotency_reserve(p_client_id[i], p_key[i], p_fingerprint[i], p_route[i],
                                        p_lease_ms[i], p_retention_ms[i]) r;
         ELSE
@@ -53,6 +145,7 @@ BEGIN
             o_response_headers := NULL;
             o_response_body := NULL;
             o_replayable := NULL;
+            o_expires_in_ms := NULL;
             IF p_op[i] = 'complete' THEN
                 UPDATE idempotency_keys k
                    SET status = 'done', locked_until = NULL, completed_at = now(),

@@ -129,6 +129,9 @@ pub async fn handle<S: KeyStore>(
                 metrics.pool_available.set(pool.available as i64);
                 metrics.pool_waiting.set(pool.waiting as i64);
             }
+            if let Some(cache) = proxy.store().replay_cache() {
+                metrics.observe_replay_cache(cache);
+            }
             text(
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",

@@ -93,6 +93,11 @@ pub struct Metrics {
     pub pool_size: Gauge,
     pub pool_available: Gauge,
     pub pool_waiting: Gauge,
+    /// Replay cache: bytes held, and reservations answered from memory.
+    pub replay_cache_bytes: Gauge,
+    pub replay_cache_hits: Counter,
+    /// The store's hit count at the last scrape (the counter moves by the difference).
+    replay_cache_hits_seen: std::sync::atomic::AtomicU64,
     /// The series of `requests` and `request_seconds` already used.
     request_series: RwLock<Vec<RequestSeries>>,
 }
@@ -138,6 +143,9 @@ impl Metrics {
             pool_size: Gauge::default(),
             pool_available: Gauge::default(),
             pool_waiting: Gauge::default(),
+            replay_cache_bytes: Gauge::default(),
+            replay_cache_hits: Counter::default(),
+            replay_cache_hits_seen: Default::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -230,7 +238,29 @@ impl Metrics {
             "Requests waiting for a store connection",
             m.pool_waiting.clone(),
         );
+        registry.register(
+            "replay_cache_bytes",
+            "Bytes of completed answers held in memory for replays",
+            m.replay_cache_bytes.clone(),
+        );
+        registry.register(
+            "replay_cache_hits",
+            "Replays answered from memory, without the store",
+            m.replay_cache_hits.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Brings the replay cache's series up to `status` (read from the store at a scrape).
+    pub fn observe_replay_cache(&self, status: crate::store::CacheStatus) {
+        use std::sync::atomic::Ordering;
+        self.replay_cache_bytes
+            .set(i64::try_from(status.bytes).unwrap_or(i64::MAX));
+        let seen = self
+            .replay_cache_hits_seen
+            .swap(status.hits, Ordering::Relaxed);
+        self.replay_cache_hits
+            .inc_by(status.hits.saturating_sub(seen));
     }
 
     /// Counts one request and its latency.

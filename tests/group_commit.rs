@@ -49,7 +49,7 @@ fn answer(body: &str) -> Completion {
 
 fn lease_of(written: &Result<Written, StoreError>) -> Lease {
     match written {
-        Ok(Written::Reservation(Reservation::Reserved(lease))) => *lease,
+        Ok(Written::Reservation(Reservation::Reserved(lease), _)) => *lease,
         other => panic!("expected a reservation, got {other:?}"),
     }
 }
@@ -83,14 +83,14 @@ async fn duplicates_of_one_key_in_one_batch(db: Backend) {
     assert!(
         matches!(
             answers[1],
-            Ok(Written::Reservation(Reservation::InProgress { .. }))
+            Ok(Written::Reservation(Reservation::InProgress { .. }, _))
         ),
         "{:?}",
         answers[1]
     );
     assert_eq!(
         answers[2].as_ref().unwrap(),
-        &Written::Reservation(Reservation::Mismatch)
+        &Written::Reservation(Reservation::Mismatch, None)
     );
     let other = lease_of(&answers[3]);
     assert_ne!(first.token, other.token);
@@ -134,7 +134,7 @@ async fn takeover_and_completion_in_one_batch(db: Backend) {
                 &Written::Fenced(Fenced::Applied)
             );
             match answers[1].as_ref().unwrap() {
-                Written::Reservation(Reservation::Done(r)) => assert_eq!(r.body, key.as_bytes()),
+                Written::Reservation(Reservation::Done(r), _) => assert_eq!(r.body, key.as_bytes()),
                 other => panic!("expected the completed answer, got {other:?}"),
             }
         }
@@ -251,7 +251,7 @@ async fn concurrent_writes_through_the_queue(db: Backend) {
             .remove(0)
             .unwrap()
         {
-            Written::Reservation(Reservation::Done(r)) => assert_eq!(r.body, key.as_bytes()),
+            Written::Reservation(Reservation::Done(r), _) => assert_eq!(r.body, key.as_bytes()),
             other => panic!("{key}: {other:?}"),
         }
     }

@@ -78,6 +78,8 @@ pub struct FileListenerTls {
 pub struct FileStore {
     pub postgres: Option<FilePostgres>,
     pub embedded: Option<FileEmbedded>,
+    /// Bytes of completed answers kept in memory for replays; `0` turns it off.
+    pub replay_cache: Option<HumanSize>,
 }
 
 /// `store.postgres:`

@@ -54,6 +54,8 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest request head.
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
+/// Memory for replayed answers (`store.replay_cache`).
+pub const DEFAULT_REPLAY_CACHE: u64 = 32 << 20;
 /// Embedded store file when no PostgreSQL URL is configured.
 pub const DEFAULT_EMBEDDED_PATH: &str = "./idemproxy.db";
 
@@ -141,6 +143,8 @@ pub enum StoreConfig {
         path: PathBuf,
         /// Bound on one store call (disk I/O on the blocking pool included).
         timeout: Duration,
+        /// Bytes of the replay cache; 0: none.
+        replay_cache: u64,
     },
 }
 
@@ -157,6 +161,8 @@ pub struct PostgresConfig {
     /// Bound on one store call; past it the store counts as unreachable.
     pub timeout: Duration,
     pub tls: PgTls,
+    /// Bytes of the replay cache; 0: none.
+    pub replay_cache: u64,
 }
 
 /// libpq's `sslmode`.

@@ -62,11 +62,17 @@ impl fmt::Display for Config {
                     format_duration(pg.connect_timeout)
                 )?;
                 writeln!(f, "    timeout: {}", format_duration(pg.timeout))?;
+                writeln!(f, "  replay_cache: {}", format_size(pg.replay_cache))?;
             }
-            StoreConfig::Embedded { path, timeout } => {
+            StoreConfig::Embedded {
+                path,
+                timeout,
+                replay_cache,
+            } => {
                 writeln!(f, "  embedded:")?;
                 writeln!(f, "    path: {}", path.display())?;
                 writeln!(f, "    timeout: {}", format_duration(*timeout))?;
+                writeln!(f, "  replay_cache: {}", format_size(*replay_cache))?;
             }
         }
         match &self.client_id {

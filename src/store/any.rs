@@ -26,9 +26,13 @@ impl AnyStore {
     pub fn open(config: &StoreConfig) -> Result<Self, StoreError> {
         Ok(match config {
             StoreConfig::Postgres(pg) => AnyStore::Postgres(PgStore::new(pg)?),
-            StoreConfig::Embedded { path, timeout } => {
-                AnyStore::Embedded(EmbeddedStore::open(path, *timeout)?)
-            }
+            StoreConfig::Embedded {
+                path,
+                timeout,
+                replay_cache,
+            } => AnyStore::Embedded(
+                EmbeddedStore::open(path, *timeout)?.with_replay_cache(*replay_cache),
+            ),
         })
     }
 
@@ -38,9 +42,14 @@ impl AnyStore {
     pub fn open_for_process(config: &StoreConfig, create: bool) -> Result<Self, StoreError> {
         Ok(match config {
             StoreConfig::Postgres(pg) => AnyStore::Postgres(PgStore::new(pg)?),
-            StoreConfig::Embedded { path, timeout } => {
-                AnyStore::Embedded(EmbeddedStore::open_exclusive(path, *timeout, create)?)
-            }
+            StoreConfig::Embedded {
+                path,
+                timeout,
+                replay_cache,
+            } => AnyStore::Embedded(
+                EmbeddedStore::open_exclusive(path, *timeout, create)?
+                    .with_replay_cache(*replay_cache),
+            ),
         })
     }
 
@@ -101,6 +110,10 @@ impl KeyStore for AnyStore {
 
     fn subscribe(&self, id: KeyId) -> Arc<Notify> {
         delegate!(self, s => s.subscribe(id))
+    }
+
+    fn replay_cache(&self) -> Option<CacheStatus> {
+        delegate!(self, s => s.replay_cache())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

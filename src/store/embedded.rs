@@ -22,6 +22,7 @@ use tokio::sync::Notify;
 use super::Waiters;
 use super::embedded_write::millis;
 use super::group_commit::{GroupCommit, Write, WriteBatch, Written};
+use super::replay_cache::{ReplayCache, reserve_through};
 use super::types::*;
 
 const SCHEMA_VERSION: i32 = 1;
@@ -75,6 +76,8 @@ struct Inner {
     /// Reservations, completions and releases waiting to share a transaction (and an
     /// fsync): one batch at a time, SQLite having one writer.
     group: Arc<GroupCommit>,
+    /// Recently replayed answers (`store.replay_cache`); evictions happen in this process.
+    cache: Option<ReplayCache>,
     /// An exclusive lock on the file while a process serves from it (see
     /// [`EmbeddedStore::open_exclusive`]); released when the process ends, however it ends.
     _lock: Option<std::fs::File>,
@@ -167,9 +170,19 @@ impl EmbeddedStore {
                 path: path.to_owned(),
                 timeout,
                 group: Arc::new(GroupCommit::new(1, MAX_BATCH, timeout)),
+                cache: None,
                 _lock: None,
             }),
         })
+    }
+
+    /// Keeps up to `bytes` of replayed answers in memory (0: none); see [`ReplayCache`].
+    pub fn with_replay_cache(mut self, bytes: u64) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.cache = (bytes > 0)
+                .then(|| ReplayCache::new(usize::try_from(bytes).unwrap_or(usize::MAX), true));
+        }
+        self
     }
 
     /// The file this store lives in.
@@ -261,11 +274,14 @@ impl WriteBatch for EmbeddedStore {
 
 impl KeyStore for EmbeddedStore {
     async fn reserve(&self, req: &ReserveRequest<'_>) -> Result<Reservation, StoreError> {
-        self.inner
-            .group
-            .write(self, Write::Reserve(req.into()))
-            .await?
-            .into_reservation()
+        reserve_through(self.inner.cache.as_ref(), req, async {
+            self.inner
+                .group
+                .write(self, Write::Reserve(req.into()))
+                .await?
+                .into_reservation_and_expiry()
+        })
+        .await
     }
 
     async fn renew(&self, fence: &Fence, lease: Duration) -> Result<Fenced, StoreError> {
@@ -318,14 +334,19 @@ impl KeyStore for EmbeddedStore {
     }
 
     async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
-        let (client_id, key) = (client_id.to_owned(), key.to_owned());
-        self.call(move |conn| {
-            Ok(conn.execute(
-                "DELETE FROM idempotency_keys WHERE client_id = ?1 AND key = ?2",
-                params![client_id, key],
-            )? > 0)
-        })
-        .await
+        let (client, k) = (client_id.to_owned(), key.to_owned());
+        let existed = self
+            .call(move |conn| {
+                Ok(conn.execute(
+                    "DELETE FROM idempotency_keys WHERE client_id = ?1 AND key = ?2",
+                    params![client, k],
+                )? > 0)
+            })
+            .await?;
+        if let Some(cache) = &self.inner.cache {
+            cache.invalidate(&key_id(client_id, key));
+        }
+        Ok(existed)
     }
 
     async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
@@ -353,6 +374,10 @@ impl KeyStore for EmbeddedStore {
             Ok(n as u64)
         })
         .await
+    }
+
+    fn replay_cache(&self) -> Option<CacheStatus> {
+        self.inner.cache.as_ref().map(|c| c.status())
     }
 
     fn subscribe(&self, id: KeyId) -> Arc<Notify> {

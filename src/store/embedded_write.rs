@@ -42,7 +42,10 @@ pub(super) fn write_batch(
 /// One write, inside the caller's transaction.
 fn apply(conn: &Connection, write: &Write, now: i64) -> Result<Written, StoreError> {
     Ok(match write {
-        Write::Reserve(r) => Written::Reservation(reserve(conn, r, now)?),
+        Write::Reserve(r) => {
+            let (reservation, expires_in) = reserve(conn, r, now)?;
+            Written::Reservation(reservation, expires_in)
+        }
         Write::Complete(fence, completion) => {
             use rusqlite::types::Value;
             let (status, headers, body, replayable) = match completion {
@@ -108,15 +111,21 @@ struct Existing {
     response_headers: Option<Vec<u8>>,
     response_body: Option<Vec<u8>>,
     replayable: Option<bool>,
+    expires_ms: i64,
 }
 
-/// Inserts the key in progress, takes over an expired lease, or says what the row says.
-fn reserve(conn: &Connection, r: &Reserve, now: i64) -> Result<Reservation, StoreError> {
+/// Inserts the key in progress, takes over an expired lease, or says what the row says;
+/// for a completed key also how much longer its row is kept.
+fn reserve(
+    conn: &Connection,
+    r: &Reserve,
+    now: i64,
+) -> Result<(Reservation, Option<Duration>), StoreError> {
     let (lease, retention) = (millis(r.lease), millis(r.retention));
     let existing = conn
         .prepare_cached(
-            "SELECT fingerprint, status, locked_until_ms, response_status, response_headers, response_body, replayable \
-             FROM idempotency_keys WHERE client_id = ?1 AND key = ?2",
+            "SELECT fingerprint, status, locked_until_ms, response_status, response_headers, response_body, replayable, \
+             expires_ms FROM idempotency_keys WHERE client_id = ?1 AND key = ?2",
         )?
         .query_row(params![r.client_id, r.key], |row| {
             Ok(Existing {
@@ -127,10 +136,15 @@ fn reserve(conn: &Connection, r: &Reserve, now: i64) -> Result<Reservation, Stor
                 response_headers: row.get(4)?,
                 response_body: row.get(5)?,
                 replayable: row.get(6)?,
+                expires_ms: row.get(7)?,
             })
         })
         .optional()?;
-    Ok(match existing {
+    let expires_in = existing
+        .as_ref()
+        .filter(|row| row.status == "done")
+        .map(|row| Duration::from_millis(row.expires_ms.saturating_sub(now).max(0) as u64));
+    let reservation = match existing {
         None => {
             let token = next_token(conn)?;
             conn.prepare_cached(
@@ -197,7 +211,8 @@ fn reserve(conn: &Connection, r: &Reserve, now: i64) -> Result<Reservation, Stor
                 takeover: true,
             })
         }
-    })
+    };
+    Ok((reservation, expires_in))
 }
 
 pub(super) fn millis(d: Duration) -> i64 {

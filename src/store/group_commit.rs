@@ -80,15 +80,24 @@ impl From<&ReserveRequest<'_>> for Reserve {
 /// What a [`Write`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Written {
-    Reservation(Reservation),
+    /// A reservation's outcome, and for a completed key how much longer its row is kept
+    /// (what the replay cache may serve it for).
+    Reservation(Reservation, Option<Duration>),
     Fenced(Fenced),
 }
 
 impl Written {
     /// The outcome of a reservation; any other answer to one is a store defect.
     pub fn into_reservation(self) -> Result<Reservation, StoreError> {
+        self.into_reservation_and_expiry().map(|(r, _)| r)
+    }
+
+    /// The outcome of a reservation and, for a completed key, its row's remaining time.
+    pub fn into_reservation_and_expiry(
+        self,
+    ) -> Result<(Reservation, Option<Duration>), StoreError> {
         match self {
-            Written::Reservation(r) => Ok(r),
+            Written::Reservation(r, expires_in) => Ok((r, expires_in)),
             Written::Fenced(_) => Err(StoreError::Corrupt(
                 "a fenced-write outcome for a reservation".into(),
             )),
@@ -99,7 +108,7 @@ impl Written {
     pub fn into_fenced(self) -> Result<Fenced, StoreError> {
         match self {
             Written::Fenced(f) => Ok(f),
-            Written::Reservation(_) => Err(StoreError::Corrupt(
+            Written::Reservation(..) => Err(StoreError::Corrupt(
                 "a reservation outcome for a fenced write".into(),
             )),
         }

@@ -17,6 +17,7 @@ mod pg_listen;
 mod pg_sql;
 mod pg_tls;
 mod postgres;
+mod replay_cache;
 mod types;
 mod waiters;
 
@@ -26,5 +27,6 @@ pub use error::describe;
 pub use group_commit::{Reserve, Write, WriteBatch, Written};
 pub use migrate::{MIGRATIONS, migrate};
 pub use postgres::{PgStore, Pool};
+pub use replay_cache::ReplayCache;
 pub use types::*;
 pub use waiters::Waiters;

@@ -8,10 +8,11 @@ use tokio_postgres::types::Type;
 use super::PgStore;
 use super::group_commit::{Write, WriteBatch, Written, row_order};
 use super::pg_sql::*;
+use super::postgres::Param;
 use super::types::*;
 
 const BATCH: &str = "SELECT o_index, o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
-     o_response_status, o_response_headers, o_response_body, o_replayable \
+     o_response_status, o_response_headers, o_response_body, o_replayable, o_expires_in_ms \
      FROM idempotency_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
 
 impl WriteBatch for PgStore {
@@ -44,6 +45,51 @@ impl WriteBatch for PgStore {
 }
 
 impl PgStore {
+    /// Runs a statement that only applies while the row carries the fence's token.
+    /// `$1..$3` are the fence; `notify` adds `$4` (payload) and `$5` (whether to notify)
+    /// and reads the affected count from the first column instead of the command tag.
+    pub(super) async fn fenced(
+        &self,
+        sql: &str,
+        fence: &Fence,
+        notify: bool,
+        extra: &[Param<'_>],
+    ) -> Result<Fenced, StoreError> {
+        self.with_client(|client| async move {
+            // Hashed only when someone may be waiting; otherwise the statement skips NOTIFY.
+            let payload = if fence.notify {
+                crate::proxy::hex(&fence.key_id())
+            } else {
+                String::new()
+            };
+            let mut params: Vec<Param<'_>> = vec![
+                (&fence.client_id, Type::TEXT),
+                (&fence.key, Type::TEXT),
+                (&fence.token, Type::INT8),
+            ];
+            if notify {
+                params.push((&payload, Type::TEXT));
+                params.push((&fence.notify, Type::BOOL));
+            }
+            params.extend_from_slice(extra);
+            let n = if notify {
+                let rows = client.typed_query(sql, &params).await?;
+                let row = rows
+                    .first()
+                    .ok_or_else(|| StoreError::Corrupt("no row from a fenced write".into()))?;
+                row.try_get::<_, i64>(0)? as u64
+            } else {
+                client.typed_execute(sql, &params).await?
+            };
+            Ok(if n == 1 {
+                Fenced::Applied
+            } else {
+                Fenced::Refused
+            })
+        })
+        .await
+    }
+
     /// One write in a statement of its own.
     async fn write_one(&self, write: &Write) -> Result<Written, StoreError> {
         match write {
@@ -68,7 +114,7 @@ impl PgStore {
                     let row = rows.first().ok_or_else(|| {
                         StoreError::Corrupt("no row from idempotency_reserve".into())
                     })?;
-                    reservation(row, 0).map(Written::Reservation)
+                    reservation(row, 0).map(|(r, e)| Written::Reservation(r, e))
                 })
                 .await
             }
@@ -180,7 +226,7 @@ impl PgStore {
                 .and_then(|i| order.get(i.checked_sub(1)?).copied())
                 .ok_or_else(|| StoreError::Corrupt("a batch answer with no write".into()))?;
             results[at] = Some(match &writes[at] {
-                Write::Reserve(_) => reservation(row, 1).map(Written::Reservation),
+                Write::Reserve(_) => reservation(row, 1).map(|(r, e)| Written::Reservation(r, e)),
                 Write::Complete(..) | Write::Release(_) => fenced(row).map(Written::Fenced),
             });
         }

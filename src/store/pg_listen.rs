@@ -1,5 +1,6 @@
 //! The `LISTEN` connection: one per process, outside the pool, waking the duplicates that
-//! wait (`on_conflict: wait`) when any replica completes or releases their key.
+//! wait (`on_conflict: wait`) when any replica completes or releases their key, and
+//! dropping a key from the replay cache when any replica evicts it.
 //!
 //! It must reach PostgreSQL directly: a transaction-mode pooler hands each statement to
 //! some server connection and drops notifications, so behind one it goes to
@@ -13,21 +14,26 @@ use tokio_postgres::AsyncMessage;
 
 use super::Waiters;
 use super::pg_tls::PgTlsConnect;
+use super::replay_cache::ReplayCache;
 use super::types::KeyId;
 
 /// How long one attempt at the notification connection may take.
 const CONNECT_BOUND: Duration = Duration::from_secs(10);
 
-/// The channel every replica notifies and listens on.
+/// The channel every replica notifies on when a key is completed or released.
 pub(super) const CHANNEL: &str = "idemproxy_done";
+/// The channel every replica notifies on when an operator evicts a key.
+pub(super) const EVICTED: &str = "idemproxy_evicted";
 
 /// Keeps one `LISTEN` connection open for the life of the process, reconnecting with
 /// backoff, and wakes the waiters each notification names. After every (re)connect all
-/// waiters are woken once, since notifications may have been missed meanwhile.
+/// waiters are woken once and the replay cache is emptied, since notifications may have
+/// been missed meanwhile; while disconnected the cache serves nothing.
 pub(super) async fn listen(
     config: Arc<tokio_postgres::Config>,
     tls: PgTlsConnect,
     waiters: Arc<Waiters>,
+    cache: Option<Arc<ReplayCache>>,
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -44,7 +50,14 @@ pub(super) async fn listen(
                     loop {
                         match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                             Some(Ok(AsyncMessage::Notification(n))) => {
-                                if let Some(id) = parse_key_id(n.payload()) {
+                                let Some(id) = parse_key_id(n.payload()) else {
+                                    continue;
+                                };
+                                if n.channel() == EVICTED {
+                                    if let Some(cache) = &cache {
+                                        cache.invalidate(&id);
+                                    }
+                                } else {
                                     waiters.wake(&id);
                                 }
                             }
@@ -58,7 +71,7 @@ pub(super) async fn listen(
                     }
                 };
                 tokio::pin!(drive);
-                let statement = format!("LISTEN {CHANNEL}");
+                let statement = format!("LISTEN {CHANNEL}; LISTEN {EVICTED}");
                 let listening = tokio::select! {
                     r = client.batch_execute(&statement) => r.is_ok(),
                     () = &mut drive => false,
@@ -66,12 +79,18 @@ pub(super) async fn listen(
                 if listening {
                     backoff = Duration::from_millis(100);
                     waiters.wake_all();
+                    if let Some(cache) = &cache {
+                        cache.set_live(true);
+                    }
                     drive.await;
                 }
             }
             Err(e) => {
                 tracing::warn!(cause = %e, "cannot open the notification connection; retrying")
             }
+        }
+        if let Some(cache) = &cache {
+            cache.set_live(false);
         }
         waiters.wake_all();
         tokio::time::sleep(backoff).await;

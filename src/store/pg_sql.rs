@@ -4,7 +4,7 @@
 use super::types::*;
 
 pub(super) const RESERVE: &str = "SELECT o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
-     o_response_status, o_response_headers, o_response_body, o_replayable \
+     o_response_status, o_response_headers, o_response_body, o_replayable, o_expires_in_ms \
      FROM idempotency_reserve($1, $2, $3, $4, $5, $6)";
 
 pub(super) const RENEW: &str = "UPDATE idempotency_keys \
@@ -34,7 +34,12 @@ pub(super) const RECORD_COLUMNS: &str = "client_id, key, route, status, fingerpr
      length(response_body)::int8, replayable, (extract(epoch FROM created_at) * 1000)::int8, \
      (extract(epoch FROM completed_at) * 1000)::int8, (extract(epoch FROM expires_at) * 1000)::int8";
 
-pub(super) const EVICT: &str = "DELETE FROM idempotency_keys WHERE client_id = $1 AND key = $2";
+/// An eviction tells every replica's replay cache (`$3`: the key's id) in the same round
+/// trip.
+pub(super) const EVICT: &str = "WITH gone AS ( \
+       DELETE FROM idempotency_keys WHERE client_id = $1 AND key = $2 RETURNING 1) \
+     SELECT (SELECT count(*) FROM gone), \
+            (SELECT pg_notify('idemproxy_evicted', $3) FROM gone LIMIT 1)::text";
 
 /// Rows are picked with `SKIP LOCKED`, so concurrent sweepers (replicas) split the work
 /// instead of waiting on each other, and each row is deleted once.
@@ -43,10 +48,17 @@ pub(super) const SWEEP: &str = "DELETE FROM idempotency_keys WHERE ctid IN ( \
        WHERE expires_at < now() AND (status = 'done' OR locked_until < now()) \
        LIMIT $1 FOR UPDATE SKIP LOCKED)";
 
-/// A reservation's answer, in `idempotency_reserve()`'s eight columns from column `at`.
-pub(super) fn reservation(row: &tokio_postgres::Row, at: usize) -> Result<Reservation, StoreError> {
+/// A reservation's answer, in `idempotency_reserve()`'s nine columns from column `at`, and
+/// for a completed key how much longer its row is kept.
+pub(super) fn reservation(
+    row: &tokio_postgres::Row,
+    at: usize,
+) -> Result<(Reservation, Option<std::time::Duration>), StoreError> {
     let outcome: &str = row.try_get(at)?;
-    Ok(match outcome {
+    let expires_in = row
+        .try_get::<_, Option<i64>>(at + 8)?
+        .map(|ms| std::time::Duration::from_millis(ms.max(0) as u64));
+    let reservation = match outcome {
         "reserved" | "taken_over" => Reservation::Reserved(Lease {
             token: row.try_get(at + 1)?,
             attempts: row.try_get(at + 2)?,
@@ -76,7 +88,8 @@ pub(super) fn reservation(row: &tokio_postgres::Row, at: usize) -> Result<Reserv
             }
         }
         other => return Err(StoreError::Corrupt(format!("reserve outcome `{other}`"))),
-    })
+    };
+    Ok((reservation, expires_in))
 }
 
 /// Milliseconds for an interval parameter.

@@ -15,17 +15,17 @@ use std::time::Duration;
 use deadpool::Runtime;
 use deadpool::managed::{Hook, HookError, Timeouts};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
-use tokio_postgres::config::SslMode;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::Waiters;
 use super::group_commit::{GroupCommit, Write};
-use super::pg_connect::PgManager;
+use super::pg_connect::{PgManager, connection_config};
 use super::pg_listen::listen;
 use super::pg_sql::*;
 use super::pg_tls::PgTlsConnect;
+use super::replay_cache::{ReplayCache, reserve_through};
 use super::types::*;
-use crate::config::{PgSslMode, PostgresConfig};
+use crate::config::PostgresConfig;
 
 /// The store's connection pool.
 pub type Pool = deadpool::managed::Pool<PgManager>;
@@ -55,6 +55,11 @@ pub struct PgStore {
     waiting: Arc<AtomicUsize>,
     /// Reservations, completions and releases waiting to share a batch.
     group: Arc<GroupCommit>,
+    /// Recently replayed answers (`store.replay_cache`), dropped when any replica evicts.
+    cache: Option<Arc<ReplayCache>>,
+    /// Whether the `LISTEN` connection has its own URL (so reaches PostgreSQL even when
+    /// `url` goes through a pooler, which would swallow eviction notices).
+    listen_direct: bool,
 }
 
 impl PgStore {
@@ -107,7 +112,36 @@ impl PgStore {
                 MAX_BATCH,
                 config.timeout,
             )),
+            // Not live until the `LISTEN` connection is: evictions must be heard first.
+            cache: (config.replay_cache > 0).then(|| {
+                Arc::new(ReplayCache::new(
+                    usize::try_from(config.replay_cache).unwrap_or(usize::MAX),
+                    false,
+                ))
+            }),
+            listen_direct: config.listen_url.is_some(),
         })
+    }
+
+    /// Starts the `LISTEN` connection, once: wait-mode routes and the replay cache need it.
+    fn start_listening(&self) {
+        self.listening.get_or_init(|| {
+            tokio::spawn(listen(
+                Arc::clone(&self.listen_config),
+                self.tls.clone(),
+                Arc::clone(&self.waiters),
+                self.cache.clone(),
+            ));
+        });
+    }
+
+    /// The replay cache, where it can be trusted: evictions by other replicas are heard
+    /// only on a direct connection, so not behind a transaction pooler without a
+    /// `listen_url`.
+    fn replay_cache(&self) -> Option<&ReplayCache> {
+        let cache = self.cache.as_deref()?;
+        self.start_listening();
+        (self.listen_direct || !self.behind_pooler()).then_some(cache)
     }
 
     /// Whether a connection so far used TLS (for the start-up log).
@@ -215,51 +249,6 @@ impl PgStore {
         }
         result
     }
-
-    /// Runs a statement that only applies while the row carries the fence's token.
-    /// `$1..$3` are the fence; `notify` adds `$4` (payload) and `$5` (whether to notify)
-    /// and reads the affected count from the first column instead of the command tag.
-    pub(super) async fn fenced(
-        &self,
-        sql: &str,
-        fence: &Fence,
-        notify: bool,
-        extra: &[Param<'_>],
-    ) -> Result<Fenced, StoreError> {
-        self.with_client(|client| async move {
-            // Hashed only when someone may be waiting; otherwise the statement skips NOTIFY.
-            let payload = if fence.notify {
-                crate::proxy::hex(&fence.key_id())
-            } else {
-                String::new()
-            };
-            let mut params: Vec<Param<'_>> = vec![
-                (&fence.client_id, Type::TEXT),
-                (&fence.key, Type::TEXT),
-                (&fence.token, Type::INT8),
-            ];
-            if notify {
-                params.push((&payload, Type::TEXT));
-                params.push((&fence.notify, Type::BOOL));
-            }
-            params.extend_from_slice(extra);
-            let n = if notify {
-                let rows = client.typed_query(sql, &params).await?;
-                let row = rows
-                    .first()
-                    .ok_or_else(|| StoreError::Corrupt("no row from a fenced write".into()))?;
-                row.try_get::<_, i64>(0)? as u64
-            } else {
-                client.typed_execute(sql, &params).await?
-            };
-            Ok(if n == 1 {
-                Fenced::Applied
-            } else {
-                Fenced::Refused
-            })
-        })
-        .await
-    }
 }
 
 /// Counts a call as waiting until it is dropped (done, or given up by its timeout).
@@ -281,7 +270,7 @@ impl Drop for Waiting<'_> {
 /// A statement parameter with its type: the types let a statement be sent unnamed through
 /// a transaction pooler (where consecutive statements of one client run on different
 /// server connections) and prepared once elsewhere.
-type Param<'a> = (&'a (dyn ToSql + Sync), Type);
+pub(super) type Param<'a> = (&'a (dyn ToSql + Sync), Type);
 
 /// Writes per batch at most: a batch holds its rows' locks until it commits.
 const MAX_BATCH: usize = 64;
@@ -299,40 +288,15 @@ fn batches_at_once(pool_size: usize) -> usize {
 /// How long a pooled connection is used before it is replaced.
 const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(30 * 60);
 
-/// The tokio-postgres settings for a connection string (its TLS parameters already taken
-/// out by the configuration): TLS as `sslmode` says, the connect timeout per host, and an
-/// application name for `pg_stat_activity`.
-fn connection_config(
-    url: &str,
-    config: &PostgresConfig,
-) -> Result<tokio_postgres::Config, StoreError> {
-    let mut pg: tokio_postgres::Config = url
-        .parse()
-        .map_err(|e: tokio_postgres::Error| StoreError::Config(format!("database URL: {e}")))?;
-    pg.connect_timeout(config.connect_timeout);
-    pg.ssl_mode(match config.tls.mode {
-        PgSslMode::Disable => SslMode::Disable,
-        PgSslMode::Prefer => SslMode::Prefer,
-        PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull => SslMode::Require,
-    });
-    if pg.get_application_name().is_none() {
-        pg.application_name("idemproxy");
-    }
-    // TCP keepalives after 10 s idle instead of libpq's and the kernel's 2 h, unless the
-    // URL says otherwise: a host that vanished is noticed on an idle connection (the
-    // notification connection is idle most of the time).
-    if pg.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
-        pg.keepalives_idle(Duration::from_secs(10));
-    }
-    Ok(pg)
-}
-
 impl KeyStore for PgStore {
     async fn reserve(&self, req: &ReserveRequest<'_>) -> Result<Reservation, StoreError> {
-        self.group
-            .write(self, Write::Reserve(req.into()))
-            .await?
-            .into_reservation()
+        reserve_through(self.replay_cache(), req, async {
+            self.group
+                .write(self, Write::Reserve(req.into()))
+                .await?
+                .into_reservation_and_expiry()
+        })
+        .await
     }
 
     async fn renew(&self, fence: &Fence, lease: Duration) -> Result<Fenced, StoreError> {
@@ -368,11 +332,27 @@ impl KeyStore for PgStore {
     }
 
     async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
-        self.with_client(|client| async move {
-            let params: [Param<'_>; 2] = [(&client_id, Type::TEXT), (&key, Type::TEXT)];
-            Ok(client.typed_execute(EVICT, &params).await? > 0)
-        })
-        .await
+        let id = key_id(client_id, key);
+        let existed = self
+            .with_client(|client| async move {
+                let payload = crate::proxy::hex(&id);
+                let params: [Param<'_>; 3] = [
+                    (&client_id, Type::TEXT),
+                    (&key, Type::TEXT),
+                    (&payload, Type::TEXT),
+                ];
+                let rows = client.typed_query(EVICT, &params).await?;
+                let row = rows
+                    .first()
+                    .ok_or_else(|| StoreError::Corrupt("no row from an eviction".into()))?;
+                Ok(row.try_get::<_, i64>(0)? > 0)
+            })
+            .await?;
+        // Every replica (this one included) also hears the notice; this one need not wait.
+        if let Some(cache) = &self.cache {
+            cache.invalidate(&id);
+        }
+        Ok(existed)
     }
 
     async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
@@ -403,15 +383,13 @@ impl KeyStore for PgStore {
         })
     }
 
+    fn replay_cache(&self) -> Option<CacheStatus> {
+        self.cache.as_ref().map(|c| c.status())
+    }
+
     fn subscribe(&self, id: KeyId) -> Arc<Notify> {
         let notify = self.waiters.subscribe(id);
-        self.listening.get_or_init(|| {
-            tokio::spawn(listen(
-                Arc::clone(&self.listen_config),
-                self.tls.clone(),
-                Arc::clone(&self.waiters),
-            ));
-        });
+        self.start_listening();
         notify
     }
 

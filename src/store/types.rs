@@ -106,6 +106,14 @@ pub struct PoolStatus {
     pub waiting: usize,
 }
 
+/// The replay cache's occupancy and use, for gauges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheStatus {
+    pub bytes: usize,
+    /// Reservations answered from memory since start.
+    pub hits: u64,
+}
+
 /// Where a key stands, for operators (admin API) and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRecord {
@@ -181,6 +189,11 @@ pub trait KeyStore: Send + Sync + 'static {
 
     /// Connection pool occupancy, where there is a pool (for gauges).
     fn pool_status(&self) -> Option<PoolStatus> {
+        None
+    }
+
+    /// The replay cache's occupancy and use, where there is one.
+    fn replay_cache(&self) -> Option<CacheStatus> {
         None
     }
 

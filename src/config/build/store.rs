@@ -10,6 +10,9 @@ use crate::tls::{PgCheck, PgRoots, postgres_client_config};
 
 pub(super) fn build_store(p: &mut Problems, file: &FileConfig) -> Option<StoreConfig> {
     let store = file.store.as_ref();
+    let replay_cache = store
+        .and_then(|s| s.replay_cache)
+        .map_or(DEFAULT_REPLAY_CACHE, |s| s.0);
     match (
         store.and_then(|s| s.postgres.as_ref()),
         store.and_then(|s| s.embedded.as_ref()),
@@ -21,7 +24,7 @@ pub(super) fn build_store(p: &mut Problems, file: &FileConfig) -> Option<StoreCo
             );
             None
         }
-        (Some(pg), None) => build_postgres(p, pg),
+        (Some(pg), None) => build_postgres(p, pg, replay_cache),
         (None, embedded) => {
             let timeout = embedded
                 .and_then(|e| e.timeout)
@@ -36,12 +39,13 @@ pub(super) fn build_store(p: &mut Problems, file: &FileConfig) -> Option<StoreCo
                         .unwrap_or_else(|| DEFAULT_EMBEDDED_PATH.into()),
                 ),
                 timeout,
+                replay_cache,
             })
         }
     }
 }
 
-fn build_postgres(p: &mut Problems, pg: &FilePostgres) -> Option<StoreConfig> {
+fn build_postgres(p: &mut Problems, pg: &FilePostgres, replay_cache: u64) -> Option<StoreConfig> {
     let Some(written) = pg.url.clone() else {
         p.push(
             "store.postgres.url",
@@ -113,6 +117,7 @@ fn build_postgres(p: &mut Problems, pg: &FilePostgres) -> Option<StoreConfig> {
         connect_timeout,
         timeout,
         tls,
+        replay_cache,
     }))
 }
 
