@@ -263,3 +263,62 @@ on_both_stores!(
     a_failing_member_fails_alone,
     concurrent_writes_through_the_queue,
 );
+
+/// A lone write runs in its caller's task; when that caller goes away mid-write (its client
+/// disconnected), the writes that queued behind it are still sent and answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_queued_behind_an_abandoned_lone_write_are_answered() {
+    let db = TestDb::new().await;
+    let store = idemproxy::store::PgStore::new(&idemproxy::config::PostgresConfig {
+        pool_size: 2,
+        timeout: Duration::from_secs(5),
+        ..db.config()
+    })
+    .unwrap();
+    let mut locker = db.client().await;
+    let lock = locker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let request = |key: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .reserve(&idemproxy::store::ReserveRequest {
+                    client_id: "client",
+                    key,
+                    fingerprint: &FP,
+                    route: "route",
+                    lease: LONG,
+                    retention: DAY,
+                })
+                .await
+        }
+    };
+    let abandoned = tokio::spawn(request("abandoned"));
+    // The lone write holds the one batch place (pool 2: one batch at a time), blocked.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let queued: Vec<_> = ["q1", "q2", "q3"]
+        .into_iter()
+        .map(|k| tokio::spawn(request(k)))
+        .collect();
+    let waiting = eventually(Duration::from_secs(3), || async {
+        (idemproxy::store::KeyStore::pool_status(&store)
+            .unwrap()
+            .waiting
+            == 3)
+            .then_some(())
+    })
+    .await;
+    assert!(waiting.is_some(), "the three did not queue");
+    abandoned.abort();
+    let _ = abandoned.await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    lock.rollback().await.unwrap();
+    for q in queued {
+        assert!(
+            matches!(q.await.unwrap(), Ok(Reservation::Reserved(_))),
+            "a queued write was left without an answer"
+        );
+    }
+}

@@ -171,6 +171,17 @@ impl GroupCommit {
         store: &S,
         write: Write,
     ) -> Result<Written, StoreError> {
+        let alone = {
+            let mut queue = self.lock();
+            let alone = queue.waiting.is_empty() && queue.in_flight < self.max_in_flight;
+            if alone {
+                queue.in_flight += 1;
+            }
+            alone
+        };
+        if alone {
+            return self.write_alone(store, write).await;
+        }
         let (reply, answer) = oneshot::channel();
         let start = {
             let mut queue = self.lock();
@@ -192,6 +203,31 @@ impl GroupCommit {
             Ok(Err(_)) => Err(StoreError::Blocking(
                 "the batch this write was in ended without an answer".into(),
             )),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
+    }
+
+    /// A write that found nothing queued and a place free: sent at once from the caller's
+    /// own task. Handing it to a batch task and back would cost an idle proxy a task
+    /// wake-up per write (measured: +0.1 ms on a keyed request's p50). Writes that queue
+    /// meanwhile are handed to a batch task when this one is done, or when its caller
+    /// goes away first.
+    async fn write_alone<S: WriteBatch>(
+        self: &Arc<Self>,
+        store: &S,
+        write: Write,
+    ) -> Result<Written, StoreError> {
+        let mut place = Place {
+            group: self,
+            store,
+            held: true,
+        };
+        let result = tokio::time::timeout(self.timeout, store.write_batch(vec![write])).await;
+        place.hand_over();
+        match result {
+            Ok(mut results) => results
+                .pop()
+                .unwrap_or_else(|| Err(StoreError::Corrupt("a batch gave no answer".into()))),
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
     }
@@ -233,6 +269,45 @@ impl GroupCommit {
                 return;
             }
         }
+    }
+}
+
+/// A place among the running batches held by a lone write's caller.
+struct Place<'a, S: WriteBatch> {
+    group: &'a Arc<GroupCommit>,
+    store: &'a S,
+    held: bool,
+}
+
+impl<S: WriteBatch> Place<'_, S> {
+    /// Gives the place to a batch task for what queued meanwhile, or back if nothing did.
+    fn hand_over(&mut self) {
+        if !std::mem::take(&mut self.held) {
+            return;
+        }
+        let mut queue = self.group.lock();
+        let batch = self.group.take(&mut queue);
+        if batch.is_empty() {
+            queue.in_flight = queue.in_flight.saturating_sub(1);
+            return;
+        }
+        drop(queue);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(Arc::clone(self.group).drive(self.store.clone(), batch));
+            }
+            // No runtime (the process is ending): the members' callers are gone too.
+            Err(_) => {
+                let mut queue = self.group.lock();
+                queue.in_flight = queue.in_flight.saturating_sub(1);
+            }
+        }
+    }
+}
+
+impl<S: WriteBatch> Drop for Place<'_, S> {
+    fn drop(&mut self) {
+        self.hand_over();
     }
 }
 
