@@ -369,3 +369,44 @@ async fn test_schemas_are_dropped_and_pools_small() {
         .get(0);
     assert_eq!(count, 0, "schema {schema} was left behind");
 }
+
+/// Migrations only add, so replicas can be rolled after `migrate`: a replica still on the
+/// previous release, its reservation statement prepared before the migration ran, keeps
+/// reserving on the migrated schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_previous_releases_statements_survive_the_migration() {
+    let db = TestDb::empty().await;
+    let migrations = idemproxy::store::MIGRATIONS;
+    let (previous, latest) = migrations.split_at(migrations.len() - 1);
+    let replica = db.client().await;
+    for (_, _, sql) in previous {
+        replica.batch_execute(sql).await.unwrap();
+    }
+    // The previous release's reservation, prepared as it prepares it.
+    let reserve = replica
+        .prepare(
+            "SELECT o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
+             o_response_status, o_response_headers, o_response_body, o_replayable \
+             FROM idempotency_reserve($1, $2, $3, $4, $5, $6)",
+        )
+        .await
+        .unwrap();
+    let outcome = |key: &'static str| {
+        let (replica, reserve) = (&replica, &reserve);
+        async move {
+            let fp: &[u8] = &[1; 32];
+            let row = replica
+                .query_one(
+                    reserve,
+                    &[&"client", &key, &fp, &"route", &30_000i64, &86_400_000i64],
+                )
+                .await
+                .unwrap();
+            row.get::<_, String>(0)
+        }
+    };
+    assert_eq!(outcome("before").await, "reserved");
+    db.client().await.batch_execute(latest[0].2).await.unwrap();
+    assert_eq!(outcome("after").await, "reserved");
+    assert_eq!(outcome("before").await, "in_progress");
+}
