@@ -84,6 +84,17 @@ async fn duplicates_through_a_transaction_pooler_execute_once() {
         assert!(reply.replayed(), "k{key}: {reply:?}");
     }
     assert_eq!(upstream.executions(), 20);
+    // Evictions are announced by NOTIFY, which does not pass a transaction pooler: with no
+    // `listen_url`, the replay cache stays unused, and every replay asks the store.
+    for key in 0..20 {
+        let reply = clients[key % 2]
+            .post("/payments", "shop-1", &format!("k{key}"), BODY)
+            .await;
+        assert!(reply.replayed(), "k{key}: {reply:?}");
+    }
+    for proxy in &replicas {
+        assert_eq!(cache_hits(proxy).await, 0);
+    }
     assert_eq!(
         cluster
             .psql(

@@ -14,18 +14,6 @@ use support::*;
 const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpose":"order-1"}"#;
 const OTHER: &str = r#"{"amount":500,"currency":"RUB","recipient":"shop-1","purpose":"order-1"}"#;
 
-/// Replays this proxy answered from memory so far, as `/metrics` shows them.
-async fn cache_hits(proxy: &TestProxy) -> u64 {
-    let metrics = TestClient::at(proxy.admin)
-        .send("GET", "/metrics", &[], "")
-        .await;
-    let text = String::from_utf8_lossy(&metrics.body).into_owned();
-    text.lines()
-        .find_map(|l| l.strip_prefix("idemproxy_replay_cache_hits_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no replay cache counter in {text}"))
-}
-
 /// Replays `key` on `proxy` until one is answered from memory (PostgreSQL's cache serves
 /// only once its notification connection is up).
 async fn replay_until_cached(proxy: &TestProxy, key: &str) {

@@ -943,6 +943,18 @@ impl TestProxy {
     }
 }
 
+/// Replays this proxy answered from memory so far, as `/metrics` shows them.
+pub async fn cache_hits(proxy: &TestProxy) -> u64 {
+    let metrics = TestClient::at(proxy.admin)
+        .send("GET", "/metrics", &[], "")
+        .await;
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix("idemproxy_replay_cache_hits_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no replay cache counter in {text}"))
+}
+
 /// A response as the client saw it.
 #[derive(Debug, Clone)]
 pub struct Reply {
