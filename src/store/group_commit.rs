@@ -222,7 +222,10 @@ impl GroupCommit {
             store,
             held: true,
         };
-        let result = tokio::time::timeout(self.timeout, store.write_batch(vec![write])).await;
+        // Boxed: a store's batch future is large, and inline it would size every caller's
+        // future (most of which only wait in the queue) to it.
+        let result =
+            tokio::time::timeout(self.timeout, Box::pin(store.write_batch(vec![write]))).await;
         place.hand_over();
         match result {
             Ok(mut results) => results
