@@ -104,7 +104,7 @@ CREATE FUNCTION idempotency_batch(
     p_fingerprint  bytea[],    -- reserve
     p_route        text[],     -- reserve
     p_lease_ms     bigint[],   -- reserve
-    p_retention_ms bigint[],   -- reserve
+    p_retention_ms bigint[],   -- reserve; complete: counted from the completion
     p_token        bigint[],   -- complete, release: the fence
     p_status       smallint[], -- complete
     p_headers      bytea[],    -- complete
@@ -149,6 +149,7 @@ BEGIN
             IF p_op[i] = 'complete' THEN
                 UPDATE idempotency_keys k
                    SET status = 'done', locked_until = NULL, completed_at = now(),
+                       expires_at = now() + p_retention_ms[i] * interval '1 millisecond',
                        response_status = p_status[i], response_headers = p_headers[i],
                        response_body = p_body[i], replayable = p_replayable[i]
                  WHERE k.client_id = p_client_id[i] AND k.key = p_key[i]

@@ -144,9 +144,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // Never creates a store: a sweep of the wrong path must not make an empty one.
             let store = AnyStore::open_for_process(&config::load_store(path, &overrides)?, false)
                 .context("opening the store")?;
-            let batch = config::load(path, &overrides)
+            let full = config::load(path, &overrides).ok();
+            let batch = full
+                .as_ref()
                 .map_or(config::DEFAULT_SWEEP_BATCH, |c| c.sweep_batch);
-            let deleted = sweep::sweep_once(&store, batch, &Metrics::new())
+            let unresolved = full.as_ref().and_then(|c| c.unresolved_retention);
+            let deleted = sweep::sweep_once(&store, batch, unresolved, &Metrics::new())
                 .await
                 .context("sweeping")?;
             println!("deleted {deleted} expired keys");
@@ -259,6 +262,7 @@ async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> 
         store,
         config.sweep_interval,
         config.sweep_batch,
+        config.unresolved_retention,
         Arc::clone(proxy.metrics()),
     ));
     let tasks = proxy.tasks().clone();

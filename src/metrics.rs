@@ -84,6 +84,8 @@ pub struct Metrics {
     pub swept_rows: Counter,
     /// Sweep passes that failed.
     pub sweep_errors: Counter,
+    /// Unresolved keys deleted by `sweep.unresolved_retention`.
+    pub unresolved_swept: Counter,
     /// Client connections being served.
     pub connections_open: Gauge,
     /// Client connections that ended in an error, by kind (`header_timeout`,
@@ -138,6 +140,7 @@ impl Metrics {
             upstream_seconds: Family::new_with_constructor(latency),
             swept_rows: Counter::default(),
             sweep_errors: Counter::default(),
+            unresolved_swept: Counter::default(),
             connections_open: Gauge::default(),
             connection_errors: Family::default(),
             pool_size: Gauge::default(),
@@ -212,6 +215,11 @@ impl Metrics {
             "sweep_errors",
             "Retention sweep passes that failed",
             m.sweep_errors.clone(),
+        );
+        registry.register(
+            "unresolved_swept",
+            "Unresolved keys (outcome unknown) deleted by sweep.unresolved_retention",
+            m.unresolved_swept.clone(),
         );
         registry.register(
             "connection_errors",

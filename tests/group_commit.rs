@@ -36,6 +36,7 @@ fn fence(key: &str, lease: &Lease) -> Fence {
         key: key.into(),
         token: lease.token,
         notify: false,
+        retention: DAY,
     }
 }
 

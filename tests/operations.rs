@@ -6,7 +6,9 @@ mod support;
 
 use std::time::Duration;
 
-use idemproxy::store::{KeyStore, Reservation, ReserveRequest};
+use idemproxy::store::{
+    Completion, Fence, Fenced, KeyStore, Reservation, ReserveRequest, StoredResponse,
+};
 use support::*;
 
 const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpose":"order-1"}"#;
@@ -252,49 +254,127 @@ async fn admin_api(db: Backend) {
     proxy.stop().await;
 }
 
-/// `idemproxy sweep` deletes expired keys and keeps the rest.
+/// `idemproxy sweep` deletes completed keys past their retention and keeps the rest;
+/// an unresolved key (lease run out, never completed) is kept until
+/// `sweep.unresolved_retention` bounds it, and then its deletion is logged.
 async fn sweep_command(db: Backend) {
     let store = db.store();
-    for (key, retention) in [
-        ("old", Duration::from_millis(1)),
-        ("new", Duration::from_secs(3600)),
-    ] {
-        let fp = [3u8; 32];
-        let req = ReserveRequest {
-            client_id: "c",
-            key,
-            fingerprint: &fp,
-            route: "r",
-            lease: Duration::from_millis(1),
+    let fp = [3u8; 32];
+    let reserve = |key, lease, retention| ReserveRequest {
+        client_id: "c",
+        key,
+        fingerprint: &fp,
+        route: "r",
+        lease,
+        retention,
+    };
+    let ms = Duration::from_millis(1);
+    let hour = Duration::from_secs(3600);
+    for (key, retention) in [("old", ms), ("new", hour)] {
+        let Reservation::Reserved(lease) = store
+            .reserve(&reserve(key, Duration::from_secs(30), retention))
+            .await
+            .unwrap()
+        else {
+            panic!("reserved")
+        };
+        let fence = Fence {
+            client_id: "c".into(),
+            key: key.into(),
+            token: lease.token,
+            notify: false,
             retention,
         };
-        assert!(matches!(
-            store.reserve(&req).await.unwrap(),
-            Reservation::Reserved(_)
-        ));
+        let done = Completion::Stored(StoredResponse {
+            status: 201,
+            headers: Default::default(),
+            body: "x".into(),
+        });
+        assert_eq!(
+            store.complete(&fence, &done).await.unwrap(),
+            Fenced::Applied
+        );
     }
+    assert!(matches!(
+        store.reserve(&reserve("unresolved", ms, ms)).await.unwrap(),
+        Reservation::Reserved(_)
+    ));
     tokio::time::sleep(Duration::from_millis(30)).await;
     let dir = TempDir::new("sweep");
-    let config = dir.join("sweep.yaml");
-    std::fs::write(&config, db.store_yaml()).unwrap();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
-        .args(["sweep", "--config"])
-        .arg(&config)
-        .env_remove("DATABASE_URL")
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "deleted 1 expired keys"
-    );
+    let sweep = |yaml: String| {
+        let config = dir.join("sweep.yaml");
+        std::fs::write(&config, yaml).unwrap();
+        async move {
+            let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+                .args(["sweep", "--config"])
+                .arg(&config)
+                .env_remove("DATABASE_URL")
+                .output()
+                .await
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (
+                String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        }
+    };
+    let (deleted, _) = sweep(db.store_yaml()).await;
+    assert_eq!(deleted, "deleted 1 expired keys");
     assert!(db.lookup("c", "old").await.is_none());
     assert!(db.lookup("c", "new").await.is_some());
+    assert!(
+        db.lookup("c", "unresolved").await.is_some(),
+        "an unresolved key is never swept silently"
+    );
+    let bounded = format!(
+        "upstream:\n  url: http://127.0.0.1:9\nsweep:\n  unresolved_retention: 10ms\n{}",
+        db.store_yaml()
+    );
+    let (deleted, log) = sweep(bounded).await;
+    assert_eq!(deleted, "deleted 1 expired keys");
+    assert!(db.lookup("c", "unresolved").await.is_none());
+    assert!(db.lookup("c", "new").await.is_some());
+    assert!(log.contains("unresolved key deleted"), "{log}");
+}
+
+/// Retention counts from the completion: a request slower than `retention - lease` still
+/// replays after a sweep that runs within `retention` of its completion (counted from the
+/// reservation it would already be gone), and is swept once that has passed.
+async fn retention_counts_from_completion(db: Backend) {
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_millis(2_500),
+        ..Default::default()
+    })
+    .await;
+    let yaml = PAYMENTS.replace("  lease: 30s\n", "  lease: 3s\n  retention: 4s\n");
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    let started = std::time::Instant::now();
+    let first = client.post("/payments", "shop-1", "slow", BODY).await;
+    assert_eq!((first.status.as_u16(), first.replayed()), (201, false));
+    tokio::time::sleep(Duration::from_millis(4_500).saturating_sub(started.elapsed())).await;
+    assert_eq!(
+        db.store().sweep(100).await.unwrap(),
+        0,
+        "swept 4 s after the reservation"
+    );
+    let replay = client.post("/payments", "shop-1", "slow", BODY).await;
+    assert_eq!((replay.status.as_u16(), replay.replayed()), (201, true));
+    tokio::time::sleep(Duration::from_millis(7_000).saturating_sub(started.elapsed())).await;
+    assert_eq!(
+        db.store().sweep(100).await.unwrap(),
+        1,
+        "kept past its retention"
+    );
+    let again = client.post("/payments", "shop-1", "slow", BODY).await;
+    assert_eq!((again.status.as_u16(), again.replayed()), (201, false));
+    assert_eq!(upstream.executions(), 2);
+    proxy.stop().await;
 }
 
 /// The background sweep removes completed keys once their retention has passed.
@@ -309,6 +389,7 @@ async fn background_sweep(db: Backend) {
         db.store(),
         Duration::from_millis(200),
         100,
+        None,
         std::sync::Arc::clone(&proxy.metrics),
     ));
     let client = TestClient::new(&proxy);
@@ -338,6 +419,7 @@ async fn background_sweep(db: Backend) {
 }
 
 on_both_stores!(
+    retention_counts_from_completion,
     metrics_count_outcomes,
     admin_api,
     sweep_command,

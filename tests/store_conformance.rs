@@ -54,6 +54,7 @@ impl Store {
             key: "nothing".into(),
             token: -1,
             notify: false,
+            retention: DAY,
         });
         let mut answers = self.inner.write_batch(vec![nothing, write]).await;
         assert_eq!(answers.len(), 2);
@@ -95,6 +96,13 @@ impl KeyStore for Store {
     }
     async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
         self.inner.sweep(batch).await
+    }
+    async fn sweep_unresolved(
+        &self,
+        unresolved_for: Duration,
+        batch: i64,
+    ) -> Result<Vec<KeyRecord>, StoreError> {
+        self.inner.sweep_unresolved(unresolved_for, batch).await
     }
     fn subscribe(&self, id: KeyId) -> Arc<Notify> {
         self.inner.subscribe(id)
@@ -168,12 +176,21 @@ async fn reserved<S: KeyStore>(
     }
 }
 
+/// The fence of a request whose answer is kept for `retention` after it completes.
+fn fence_for(key: &str, lease: &Lease, retention: Duration) -> Fence {
+    Fence {
+        retention,
+        ..fence(key, lease)
+    }
+}
+
 fn fence(key: &str, lease: &Lease) -> Fence {
     Fence {
         client_id: "client".into(),
         key: key.into(),
         token: lease.token,
         notify: false,
+        retention: DAY,
     }
 }
 
@@ -370,27 +387,37 @@ async fn not_replayable_completion(db: Subject) {
 /// keeps everything else.
 async fn sweep_respects_retention(db: Subject) {
     let store = db.store();
-    let old_done = reserved(&store, "old-done", LONG, TINY).await;
+    let old_done = reserved(&store, "old-done", LONG, DAY).await;
     store
-        .complete(&fence("old-done", &old_done), &answer("x"))
+        .complete(&fence_for("old-done", &old_done, TINY), &answer("x"))
         .await
         .unwrap();
-    reserved(&store, "old-abandoned", TINY, TINY).await;
+    reserved(&store, "old-unresolved", TINY, TINY).await;
     reserved(&store, "old-but-live", LONG, TINY).await;
-    let fresh = reserved(&store, "fresh-done", LONG, DAY).await;
+    // Reserved with a short retention, but the retention counts from the completion.
+    let fresh = reserved(&store, "fresh-done", LONG, TINY).await;
+    expire().await;
     store
         .complete(&fence("fresh-done", &fresh), &answer("x"))
         .await
         .unwrap();
-    expire().await;
-    assert_eq!(store.sweep(100).await.unwrap(), 2);
+    assert_eq!(store.sweep(100).await.unwrap(), 1);
     assert!(store.lookup("client", "old-done").await.unwrap().is_none());
-    assert!(
-        store
-            .lookup("client", "old-abandoned")
-            .await
-            .unwrap()
-            .is_none()
+    for kept in ["old-unresolved", "old-but-live", "fresh-done"] {
+        assert!(
+            store.lookup("client", kept).await.unwrap().is_some(),
+            "{kept} was swept"
+        );
+    }
+    assert_eq!(store.sweep(100).await.unwrap(), 0);
+
+    // Unresolved keys go only when the operator bounds them, and they are named.
+    assert!(store.sweep_unresolved(DAY, 100).await.unwrap().is_empty());
+    let gone = store.sweep_unresolved(TINY, 100).await.unwrap();
+    assert_eq!(gone.len(), 1);
+    assert_eq!(
+        (gone[0].key.as_str(), gone[0].status.as_str()),
+        ("old-unresolved", "in_progress")
     );
     assert!(
         store
@@ -400,14 +427,6 @@ async fn sweep_respects_retention(db: Subject) {
             .is_some(),
         "a live lease is never swept"
     );
-    assert!(
-        store
-            .lookup("client", "fresh-done")
-            .await
-            .unwrap()
-            .is_some()
-    );
-    assert_eq!(store.sweep(100).await.unwrap(), 0);
 }
 
 /// Two sweepers at once (two replicas) delete every expired row exactly once, in batches.
@@ -417,7 +436,7 @@ async fn concurrent_sweepers_delete_each_row_once(db: Subject) {
         let key = format!("k{i}");
         let lease = reserved(&store, &key, LONG, TINY).await;
         store
-            .complete(&fence(&key, &lease), &answer("x"))
+            .complete(&fence_for(&key, &lease, TINY), &answer("x"))
             .await
             .unwrap();
     }

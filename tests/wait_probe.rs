@@ -106,6 +106,7 @@ async fn completion_notifies_other_replicas() {
         key: "k".into(),
         token: lease.token,
         notify: true,
+        retention: Duration::from_secs(3600),
     };
     let done = Completion::Stored(StoredResponse {
         status: 200,

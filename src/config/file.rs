@@ -41,6 +41,8 @@ pub struct FileLimits {
 pub struct FileSweep {
     pub interval: Option<HumanDuration>,
     pub batch: Option<i64>,
+    /// How long an unresolved key is kept after its lease ran out; absent: until resolved.
+    pub unresolved_retention: Option<HumanDuration>,
 }
 
 /// `upstream:`

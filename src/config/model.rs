@@ -99,6 +99,9 @@ pub struct Config {
     pub sweep_interval: Duration,
     /// Rows deleted per sweep statement (small batches: no long locks).
     pub sweep_batch: i64,
+    /// Unresolved keys (in progress, lease run out) are deleted this long after their
+    /// lease ran out; `None` (the default): never, they wait to be resolved.
+    pub unresolved_retention: Option<std::time::Duration>,
     /// What one client may cost the proxy.
     pub limits: Limits,
     /// TLS on the listener, when configured.

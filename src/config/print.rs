@@ -108,6 +108,10 @@ impl fmt::Display for Config {
             format_duration(self.sweep_interval),
             self.sweep_batch
         )?;
+        match self.unresolved_retention {
+            Some(d) => writeln!(f, "  unresolved_retention: {}", format_duration(d))?,
+            None => writeln!(f, "  # unresolved_retention: none (kept until resolved)")?,
+        }
         if self.implicit_routes {
             writeln!(
                 f,

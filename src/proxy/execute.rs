@@ -146,6 +146,7 @@ async fn execute<S: KeyStore>(
         key: job.key,
         token: lease.token,
         notify: matches!(policy.on_conflict, OnConflict::Wait(_)),
+        retention: policy.retention,
     };
     let mut parts = job.parts;
     parts.headers.remove(&policy.key_header);

@@ -104,6 +104,14 @@ impl KeyStore for AnyStore {
         delegate!(self, s => s.sweep(batch).await)
     }
 
+    async fn sweep_unresolved(
+        &self,
+        unresolved_for: Duration,
+        batch: i64,
+    ) -> Result<Vec<KeyRecord>, StoreError> {
+        delegate!(self, s => s.sweep_unresolved(unresolved_for, batch).await)
+    }
+
     fn pool_status(&self) -> Option<PoolStatus> {
         delegate!(self, s => s.pool_status())
     }

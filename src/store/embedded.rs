@@ -368,10 +368,30 @@ impl KeyStore for EmbeddedStore {
             let n = conn.execute(
                 "DELETE FROM idempotency_keys WHERE rowid IN ( \
                    SELECT rowid FROM idempotency_keys \
-                   WHERE expires_ms < ?1 AND (status = 'done' OR locked_until_ms < ?1) LIMIT ?2)",
+                   WHERE expires_ms < ?1 AND status = 'done' LIMIT ?2)",
                 params![now, batch],
             )?;
             Ok(n as u64)
+        })
+        .await
+    }
+
+    async fn sweep_unresolved(
+        &self,
+        unresolved_for: Duration,
+        batch: i64,
+    ) -> Result<Vec<KeyRecord>, StoreError> {
+        let before = now_ms().saturating_sub(millis(unresolved_for));
+        self.call(move |conn| {
+            let sql = format!(
+                "DELETE FROM idempotency_keys WHERE rowid IN ( \
+                   SELECT rowid FROM idempotency_keys \
+                   WHERE status = 'in_progress' AND locked_until_ms < ?1 LIMIT ?2) \
+                 RETURNING {RECORD_COLUMNS}"
+            );
+            let mut stmt = conn.prepare(&sql)?;
+            let rows = stmt.query_map(params![before, batch], record)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
         .await
     }

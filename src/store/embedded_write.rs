@@ -60,7 +60,8 @@ fn apply(conn: &Connection, write: &Write, now: i64) -> Result<Written, StoreErr
             let n = conn
                 .prepare_cached(
                     "UPDATE idempotency_keys SET status = 'done', locked_until_ms = NULL, completed_ms = ?8, \
-                     response_status = ?4, response_headers = ?5, response_body = ?6, replayable = ?7 \
+                     expires_ms = ?9, response_status = ?4, response_headers = ?5, response_body = ?6, \
+                     replayable = ?7 \
                      WHERE client_id = ?1 AND key = ?2 AND lease_token = ?3 AND status = 'in_progress'",
                 )?
                 .execute(params![
@@ -71,7 +72,8 @@ fn apply(conn: &Connection, write: &Write, now: i64) -> Result<Written, StoreErr
                     headers,
                     body,
                     replayable,
-                    now
+                    now,
+                    now.saturating_add(millis(fence.retention))
                 ])?;
             Written::Fenced(fenced(n))
         }

@@ -120,6 +120,7 @@ impl PgStore {
             }
             Write::Complete(fence, completion) => {
                 let (status, headers, body, replayable) = completion_columns(completion);
+                let retention = millis(fence.retention);
                 self.fenced(
                     COMPLETE,
                     fence,
@@ -129,6 +130,7 @@ impl PgStore {
                         (&headers, Type::BYTEA),
                         (&body, Type::BYTEA),
                         (&replayable, Type::BOOL),
+                        (&retention, Type::INT8),
                     ],
                 )
                 .await
@@ -179,7 +181,13 @@ impl PgStore {
             fingerprint.push(reserve.map(|r| r.fingerprint.as_slice()));
             route.push(reserve.map(|r| r.route.as_str()));
             lease.push(reserve.map(|r| millis(r.lease)));
-            retention.push(reserve.map(|r| millis(r.retention)));
+            // A reservation's retention, or a completion's (counted from the completion).
+            retention.push(
+                reserve
+                    .map(|r| r.retention)
+                    .or(fence.filter(|_| completion.is_some()).map(|f| f.retention))
+                    .map(millis),
+            );
             token.push(fence.map(|f| f.token));
             // Hashed only when someone may be waiting; otherwise no NOTIFY is sent.
             notify.push(

@@ -16,6 +16,7 @@ pub(super) const RENEW: &str = "UPDATE idempotency_keys \
 pub(super) const COMPLETE: &str = "WITH done AS ( \
        UPDATE idempotency_keys \
        SET status = 'done', locked_until = NULL, completed_at = now(), \
+           expires_at = now() + $10::int8 * interval '1 millisecond', \
            response_status = $6, response_headers = $7, response_body = $8, replayable = $9 \
        WHERE client_id = $1 AND key = $2 AND lease_token = $3 AND status = 'in_progress' \
        RETURNING 1) \
@@ -42,11 +43,23 @@ pub(super) const EVICT: &str = "WITH gone AS ( \
             (SELECT pg_notify('idemproxy_evicted', $3) FROM gone LIMIT 1)::text";
 
 /// Rows are picked with `SKIP LOCKED`, so concurrent sweepers (replicas) split the work
-/// instead of waiting on each other, and each row is deleted once.
+/// instead of waiting on each other, and each row is deleted once. Completed rows only:
+/// `expires_at` of a completed row counts from its completion.
 pub(super) const SWEEP: &str = "DELETE FROM idempotency_keys WHERE ctid IN ( \
        SELECT ctid FROM idempotency_keys \
-       WHERE expires_at < now() AND (status = 'done' OR locked_until < now()) \
+       WHERE expires_at < now() AND status = 'done' \
        LIMIT $1 FOR UPDATE SKIP LOCKED)";
+
+/// Unresolved keys whose lease ran out more than `$1` ms ago (`sweep.unresolved_retention`).
+pub(super) fn sweep_unresolved_sql() -> String {
+    format!(
+        "DELETE FROM idempotency_keys WHERE ctid IN ( \
+           SELECT ctid FROM idempotency_keys \
+           WHERE status = 'in_progress' AND locked_until < now() - $1::int8 * interval '1 millisecond' \
+           LIMIT $2 FOR UPDATE SKIP LOCKED) \
+         RETURNING {RECORD_COLUMNS}"
+    )
+}
 
 /// A reservation's answer, in `idempotency_reserve()`'s nine columns from column `at`, and
 /// for a completed key how much longer its row is kept.

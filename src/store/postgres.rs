@@ -374,6 +374,24 @@ impl KeyStore for PgStore {
         .await
     }
 
+    async fn sweep_unresolved(
+        &self,
+        unresolved_for: Duration,
+        batch: i64,
+    ) -> Result<Vec<KeyRecord>, StoreError> {
+        let ms = millis(unresolved_for);
+        self.with_client(|client| async move {
+            let rows = client
+                .typed_query(
+                    &sweep_unresolved_sql(),
+                    &[(&ms, Type::INT8), (&batch, Type::INT8)],
+                )
+                .await?;
+            rows.iter().map(record).collect()
+        })
+        .await
+    }
+
     fn pool_status(&self) -> Option<PoolStatus> {
         let s = self.pool.status();
         Some(PoolStatus {

@@ -80,6 +80,9 @@ pub struct Fence {
     /// completing or releasing it must wake them. Off otherwise: notifications serialise
     /// commits in PostgreSQL, and nobody would listen.
     pub notify: bool,
+    /// How long the answer is replayed once completed: the route's retention, counted
+    /// from the completion (a slow request must not lose part of its replay window).
+    pub retention: Duration,
 }
 
 impl Fence {
@@ -179,10 +182,20 @@ pub trait KeyStore: Send + Sync + 'static {
     /// Keys in progress whose lease ran out (their worker is gone), oldest first.
     fn stuck(&self, limit: i64) -> impl Future<Output = Result<Vec<KeyRecord>, StoreError>> + Send;
 
-    /// Deletes up to `batch` rows past their retention — done ones, and in-progress ones
-    /// whose lease also ran out — and returns how many. Safe to run from several replicas
-    /// at once: each row is deleted once.
+    /// Deletes up to `batch` completed rows past their retention (counted from their
+    /// completion) and returns how many. Never an unresolved key (in progress, lease run
+    /// out): its outcome is unknown, and forgetting it would let a late retry execute
+    /// again. Safe to run from several replicas at once: each row is deleted once.
     fn sweep(&self, batch: i64) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Deletes up to `batch` unresolved keys whose lease ran out more than `unresolved_for`
+    /// ago (an operator's bound, `sweep.unresolved_retention`) and returns them, so that
+    /// each can be logged. Safe from several replicas at once.
+    fn sweep_unresolved(
+        &self,
+        unresolved_for: Duration,
+        batch: i64,
+    ) -> impl Future<Output = Result<Vec<KeyRecord>, StoreError>> + Send;
 
     /// A notifier woken when `id` is completed or released (by any replica).
     fn subscribe(&self, id: KeyId) -> Arc<Notify>;

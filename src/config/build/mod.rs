@@ -132,6 +132,13 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
     if !(1..=100_000).contains(&sweep_batch) {
         problems.push("sweep.batch", "must be between 1 and 100000");
     }
+    let unresolved_retention = sweep.and_then(|s| s.unresolved_retention).map(|d| d.0);
+    if unresolved_retention.is_some_and(|d| d.is_zero()) {
+        problems.push(
+            "sweep.unresolved_retention",
+            "must be more than 0s (leave it out to keep unresolved keys until they are resolved)",
+        );
+    }
     if sweep_interval.is_zero() {
         problems.push("sweep.interval", "must be more than 0s");
     }
@@ -181,6 +188,7 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
                 admin_token,
                 sweep_interval,
                 sweep_batch,
+                unresolved_retention,
                 limits,
                 tls,
             })
