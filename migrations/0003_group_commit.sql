@@ -1,7 +1,9 @@
 -- A replayed answer now says how much longer its row is kept (o_expires_in_ms), so that a
--- proxy may keep it in memory for no longer than that. Same arguments, same outcomes, one
--- more column (callers that name their columns are unaffected), so the function is
--- dropped and created again in this migration's transaction.
+-- proxy may keep it in memory for no longer than that; and a caller may forbid the
+-- takeover of an expired lease (p_takeover false, for routes with `takeover: never`): the
+-- row is then left as it is and reported `unresolved`. Callers of the previous form (six
+-- arguments, naming their columns) are unaffected, so the function is dropped and created
+-- again in this migration's transaction.
 DROP FUNCTION idempotency_reserve(text, text, bytea, text, bigint, bigint);
 
 CREATE FUNCTION idempotency_reserve(
@@ -10,9 +12,10 @@ CREATE FUNCTION idempotency_reserve(
     p_fingerprint  bytea,
     p_route        text,
     p_lease_ms     bigint,
-    p_retention_ms bigint
+    p_retention_ms bigint,
+    p_takeover     boolean DEFAULT true
 ) RETURNS TABLE (
-    o_outcome            text,     -- reserved | taken_over | in_progress | mismatch | done
+    o_outcome            text,     -- reserved | taken_over | in_progress | mismatch | done | unresolved
     o_lease_token        bigint,
     o_attempts           integer,
     o_lease_remaining_ms bigint,
@@ -67,6 +70,13 @@ BEGIN
             RETURN;
         END IF;
 
+        IF NOT p_takeover THEN
+            o_outcome := 'unresolved';
+            o_attempts := r.attempts;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+
         UPDATE idempotency_keys k
            SET lease_token  = nextval('idempotency_lease_token_seq'),
                locked_until = now() + p_lease_ms * interval '1 millisecond',
@@ -110,7 +120,8 @@ CREATE FUNCTION idempotency_batch(
     p_headers      bytea[],    -- complete
     p_body         bytea[],    -- complete
     p_replayable   boolean[],  -- complete
-    p_notify       text[]      -- complete, release: payload to wake waiters with, or NULL
+    p_notify       text[],     -- complete, release: payload to wake waiters with, or NULL
+    p_takeover     boolean[]   -- reserve: whether an expired lease may be taken over
 ) RETURNS TABLE (
     o_index              integer,
     o_outcome            text,
@@ -136,7 +147,8 @@ BEGIN
                    o_response_status, o_response_headers, o_response_body, o_replayable,
                    o_expires_in_ms
               FROM idempotency_reserve(p_client_id[i], p_key[i], p_fingerprint[i], p_route[i],
-                                       p_lease_ms[i], p_retention_ms[i]) r;
+                                       p_lease_ms[i], p_retention_ms[i],
+                                       coalesce(p_takeover[i], true)) r;
         ELSE
             o_lease_token := NULL;
             o_attempts := NULL;

@@ -50,6 +50,8 @@ pub enum ProxyError {
     InProgress { retry_after: Duration },
     #[error("the stored answer is too large to replay")]
     NotReplayable { status: u16 },
+    #[error("the outcome of an earlier attempt is unknown")]
+    OutcomeUnknown,
     #[error("store unavailable")]
     StoreUnavailable(#[source] crate::store::StoreError),
     #[error("upstream refused the connection")]
@@ -92,6 +94,7 @@ impl ProxyError {
             // Final, not 409: clients with automatic retries retry every 409 and would loop
             // on an answer that will never come.
             ProxyError::NotReplayable { .. } => StatusCode::GONE,
+            ProxyError::OutcomeUnknown => StatusCode::FAILED_DEPENDENCY,
             ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::UpstreamUnreachable(_) | ProxyError::UpstreamFailed(_) => {
                 StatusCode::BAD_GATEWAY
@@ -159,6 +162,11 @@ impl ProxyError {
                 "in-progress",
                 "Request in progress",
                 format!("A request with this idempotency key is still being processed. Retry after {} s to get its result; do not change the key.", retry_secs(*retry_after)),
+            ),
+            ProxyError::OutcomeUnknown => (
+                "outcome-unknown",
+                "Outcome unknown",
+                "An earlier request with this idempotency key reached the upstream service, but its outcome was never learned (it timed out or the connection broke), and this route never executes an operation twice. It may or may not have happened; the operator has been told. Do not retry this key: look the operation up with the upstream service, or ask the operator to resolve the key.".to_owned(),
             ),
             ProxyError::NotReplayable { status } => (
                 "not-replayable",

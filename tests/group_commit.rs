@@ -27,6 +27,7 @@ fn reserve(key: &str, fingerprint: [u8; 32], lease: Duration) -> Write {
         route: "route".into(),
         lease,
         retention: DAY,
+        takeover: true,
     })
 }
 
@@ -217,6 +218,7 @@ async fn concurrent_writes_through_the_queue(db: Backend) {
                     route: "route",
                     lease: LONG,
                     retention: DAY,
+                    takeover: true,
                 })
                 .await
                 .unwrap();
@@ -292,6 +294,7 @@ async fn writes_queued_behind_an_abandoned_lone_write_are_answered() {
                     route: "route",
                     lease: LONG,
                     retention: DAY,
+                    takeover: true,
                 })
                 .await
         }

@@ -216,6 +216,7 @@ async fn admin_api(db: Backend) {
         route: "create-payment",
         lease: Duration::from_millis(1),
         retention: Duration::from_secs(3600),
+        takeover: true,
     };
     assert!(matches!(
         store.reserve(&req).await.unwrap(),
@@ -267,6 +268,7 @@ async fn sweep_command(db: Backend) {
         route: "r",
         lease,
         retention,
+        takeover: true,
     };
     let ms = Duration::from_millis(1);
     let hour = Duration::from_secs(3600);

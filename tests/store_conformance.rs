@@ -153,6 +153,7 @@ fn req<'a>(
         route: "route",
         lease,
         retention,
+        takeover: true,
     }
 }
 
@@ -282,6 +283,27 @@ async fn takeover_after_expiry(db: Subject) {
     assert!(second.takeover);
     assert_eq!(second.attempts, 2);
     assert_ne!(second.token, first.token);
+}
+
+/// A caller that may not take over (`takeover: never`) is told an expired lease is
+/// unresolved, and the row is left exactly as it was; one that may takes it over.
+async fn unresolved_is_reported_not_taken_over(db: Subject) {
+    let store = db.store();
+    let first = reserved(&store, "k", TINY, DAY).await;
+    expire().await;
+    let no_takeover = ReserveRequest {
+        takeover: false,
+        ..req("k", &FP, LONG, DAY)
+    };
+    assert_eq!(
+        store.reserve(&no_takeover).await.unwrap(),
+        Reservation::Unresolved { attempts: 1 }
+    );
+    let row = store.lookup("client", "k").await.unwrap().unwrap();
+    assert_eq!((row.lease_token, row.attempts), (first.token, 1));
+    assert!(row.lease_remaining_ms.unwrap() < 0);
+    let taken = reserved(&store, "k", LONG, DAY).await;
+    assert!(taken.takeover);
 }
 
 /// After a takeover the old owner can neither renew, complete nor release; the new owner's
@@ -497,6 +519,7 @@ async fn stuck_and_evict(db: Subject) {
 
 conformance!(
     reserve_conflict_mismatch,
+    unresolved_is_reported_not_taken_over,
     complete_then_replay,
     takeover_after_expiry,
     fence_refuses_the_stale_owner,

@@ -61,6 +61,55 @@ async fn hanging_upstream_keeps_the_key(db: Backend) {
     proxy.stop().await;
 }
 
+/// `takeover: never`: after a timeout and the lease, a retry of the unresolved key is
+/// never a second execution — every retry gets the final `outcome-unknown` problem, the
+/// key stays as it was — until an operator evicts it, and then the next retry executes.
+async fn takeover_never_answers_outcome_unknown(db: Backend) {
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_secs(5),
+        ..Default::default()
+    })
+    .await;
+    let yaml = PAYMENTS
+        .replace("  timeout: 10s\n", "  timeout: 500ms\n")
+        .replace("  lease: 30s\n", "  lease: 3s\n")
+        .replace(
+            "    require_key: true\n",
+            "    require_key: true\n    takeover: never\n",
+        );
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    assert_eq!(
+        client.post("/payments", "shop-1", "k", BODY).await.status,
+        504
+    );
+    tokio::time::sleep(Duration::from_millis(3_300)).await;
+    for _ in 0..3 {
+        let retry = client.post("/payments", "shop-1", "k", BODY).await;
+        assert_eq!(retry.status, 424, "{retry:?}");
+        assert!(retry.is_problem());
+        assert!(
+            retry.json()["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("outcome-unknown"),
+            "{retry:?}"
+        );
+    }
+    assert_eq!(upstream.executions(), 1);
+    let row = db.lookup("shop-1", "k").await.unwrap();
+    assert_eq!((row.status.as_str(), row.attempts), ("in_progress", 1));
+    upstream.set(Behavior::default());
+    let evicted = TestClient::at(proxy.admin)
+        .send("DELETE", "/admin/keys/shop-1/k", &[], "")
+        .await;
+    assert_eq!(evicted.status, 200);
+    let fresh = client.post("/payments", "shop-1", "k", BODY).await;
+    assert_eq!((fresh.status.as_u16(), fresh.replayed()), (201, false));
+    assert_eq!(upstream.executions(), 2);
+    proxy.stop().await;
+}
+
 /// A status listed in `release_on` releases the key instead of storing the answer: the
 /// client gets it, and the same key executes again.
 async fn release_on_statuses_free_the_key(db: Backend) {
@@ -207,6 +256,7 @@ async fn ambiguous_release_frees_the_key(db: Backend) {
 }
 
 on_both_stores!(
+    takeover_never_answers_outcome_unknown,
     refused_then_healthy,
     hanging_upstream_keeps_the_key,
     release_on_statuses_free_the_key,

@@ -97,6 +97,7 @@ async fn completion_notifies_other_replicas() {
         route: "r",
         lease: Duration::from_secs(30),
         retention: Duration::from_secs(3600),
+        takeover: true,
     };
     let Reservation::Reserved(lease) = b.reserve(&req).await.unwrap() else {
         panic!("reserved")
@@ -146,6 +147,7 @@ async fn crashed_reservation(db: &Backend, client_id: &str, key: &str) {
         route: "create-payment",
         lease: Duration::from_millis(1),
         retention: Duration::from_secs(3600),
+        takeover: true,
     };
     assert!(matches!(
         db.store().reserve(&req).await.unwrap(),

@@ -174,6 +174,7 @@ macro_rules! policy_struct {
             pub recovery_probe: Option<FileProbe>,
             pub on_ambiguous: Option<String>,
             pub ambiguous_statuses: Option<Vec<u16>>,
+            pub takeover: Option<String>,
         }
     };
 }

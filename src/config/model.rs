@@ -349,6 +349,19 @@ pub struct Policy {
     /// Upstream statuses that do not say whether the operation happened (e.g. `502`/`504`
     /// from a gateway behind the proxy).
     pub ambiguous_statuses: Vec<u16>,
+    /// What a retry of an unresolved key (lease run out, outcome unknown) does.
+    pub takeover: Takeover,
+}
+
+/// Whether a retry may take over an unresolved key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Takeover {
+    /// Re-execute with the same derived key (asking the recovery probe first if one is
+    /// configured): for providers that deduplicate on it.
+    Execute,
+    /// Never execute twice: the retry gets `outcome-unknown`, and the key waits for an
+    /// operator (`/admin/keys/…`): for providers that cannot deduplicate.
+    Never,
 }
 
 /// What to do with a key whose outcome is unknown.

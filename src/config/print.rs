@@ -184,6 +184,11 @@ impl fmt::Display for Config {
                 Ambiguous::Release => "release",
             };
             writeln!(f, "    on_ambiguous: {ambiguous}")?;
+            let takeover = match p.takeover {
+                Takeover::Execute => "execute",
+                Takeover::Never => "never",
+            };
+            writeln!(f, "    takeover: {takeover}")?;
             if !p.ambiguous_statuses.is_empty() {
                 let codes: Vec<String> = p.ambiguous_statuses.iter().map(u16::to_string).collect();
                 writeln!(f, "    ambiguous_statuses: [{}]", codes.join(", "))?;

@@ -24,7 +24,7 @@ use super::lease::{Finish, Holder};
 use super::observe::Observed;
 use super::service::{Shared, error_chain};
 use super::upstream::{Probe, Upstream, ask_probe, call_upstream};
-use crate::config::{Ambiguous, OnConflict, Policy, Route};
+use crate::config::{Ambiguous, OnConflict, Policy, Route, Takeover};
 use crate::fingerprint::Fingerprint;
 use crate::metrics::Metrics;
 use crate::problem::ProxyError;
@@ -57,6 +57,7 @@ pub(crate) enum Outcome {
     Conflict,
     Mismatch,
     NotReplayable,
+    Unknown,
     Released,
     StoreError,
     UpstreamError,
@@ -72,6 +73,7 @@ impl Outcome {
             Outcome::Conflict => "conflict",
             Outcome::Mismatch => "mismatch",
             Outcome::NotReplayable => "not_replayable",
+            Outcome::Unknown => "outcome_unknown",
             Outcome::Released => "released",
             Outcome::StoreError => "store_error",
             Outcome::UpstreamError => "upstream_error",
@@ -92,7 +94,7 @@ pub(crate) async fn run<S: KeyStore>(
 ) {
     let lease = match reserve(&shared, &job).await {
         Ok(Reservation::Reserved(lease)) => lease,
-        other => return answer_unreserved(tx, other),
+        other => return answer_unreserved(tx, other, &job),
     };
     // Boxed: the many duplicates that only wait on a reservation (or get 409) then cost a
     // small future each, not the whole state machine.
@@ -100,7 +102,11 @@ pub(crate) async fn run<S: KeyStore>(
 }
 
 /// The answer to a request whose key was not reserved: what the row says, or `503`.
-fn answer_unreserved(tx: oneshot::Sender<Answer>, reservation: Result<Reservation, StoreError>) {
+fn answer_unreserved(
+    tx: oneshot::Sender<Answer>,
+    reservation: Result<Reservation, StoreError>,
+    job: &Job,
+) {
     let (outcome, result) = match reservation {
         Ok(Reservation::Done(stored)) => (Outcome::Replayed, Ok(replay(stored))),
         Ok(Reservation::InProgress { .. }) => (
@@ -114,6 +120,15 @@ fn answer_unreserved(tx: oneshot::Sender<Answer>, reservation: Result<Reservatio
             Outcome::NotReplayable,
             Err(ProxyError::NotReplayable { status }),
         ),
+        Ok(Reservation::Unresolved { attempts }) => {
+            tracing::warn!(
+                route = %job.route.name,
+                key = %super::hex(&key_id(&job.client_id, &job.key)[..6]),
+                attempts,
+                "a retry of an unresolved key was refused (takeover: never): the operation may or may not have happened; resolve it with POST /admin/keys/{{client_id}}/{{key}}/resolve or evict it"
+            );
+            (Outcome::Unknown, Err(ProxyError::OutcomeUnknown))
+        }
         // Unreachable by construction (the caller took it), but a request must still end.
         Ok(Reservation::Reserved(_)) => (Outcome::Failed, Err(ProxyError::Internal)),
         Err(e) => (Outcome::StoreError, Err(ProxyError::StoreUnavailable(e))),
@@ -320,6 +335,7 @@ async fn reserve<S: KeyStore>(shared: &Shared<S>, job: &Job) -> Result<Reservati
         route: &job.route.name,
         lease: policy.lease,
         retention: policy.retention,
+        takeover: policy.takeover == Takeover::Execute,
     };
     let first = store.reserve(&request).await;
     let OnConflict::Wait(limit) = policy.on_conflict else {

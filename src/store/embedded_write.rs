@@ -114,6 +114,7 @@ struct Existing {
     response_body: Option<Vec<u8>>,
     replayable: Option<bool>,
     expires_ms: i64,
+    attempts: i32,
 }
 
 /// Inserts the key in progress, takes over an expired lease, or says what the row says;
@@ -127,7 +128,7 @@ fn reserve(
     let existing = conn
         .prepare_cached(
             "SELECT fingerprint, status, locked_until_ms, response_status, response_headers, response_body, replayable, \
-             expires_ms FROM idempotency_keys WHERE client_id = ?1 AND key = ?2",
+             expires_ms, attempts FROM idempotency_keys WHERE client_id = ?1 AND key = ?2",
         )?
         .query_row(params![r.client_id, r.key], |row| {
             Ok(Existing {
@@ -139,6 +140,7 @@ fn reserve(
                 response_body: row.get(5)?,
                 replayable: row.get(6)?,
                 expires_ms: row.get(7)?,
+                attempts: row.get(8)?,
             })
         })
         .optional()?;
@@ -189,6 +191,9 @@ fn reserve(
             lease_remaining: Duration::from_millis(
                 row.locked_until_ms.unwrap_or(0).saturating_sub(now).max(0) as u64,
             ),
+        },
+        Some(row) if !r.takeover => Reservation::Unresolved {
+            attempts: row.attempts,
         },
         Some(_) => {
             let token = next_token(conn)?;

@@ -48,6 +48,7 @@ pub struct Reserve {
     pub route: String,
     pub lease: Duration,
     pub retention: Duration,
+    pub takeover: bool,
 }
 
 impl Reserve {
@@ -60,6 +61,7 @@ impl Reserve {
             route: &self.route,
             lease: self.lease,
             retention: self.retention,
+            takeover: self.takeover,
         }
     }
 }
@@ -73,6 +75,7 @@ impl From<&ReserveRequest<'_>> for Reserve {
             route: r.route.to_owned(),
             lease: r.lease,
             retention: r.retention,
+            takeover: r.takeover,
         }
     }
 }

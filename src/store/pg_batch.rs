@@ -13,7 +13,7 @@ use super::types::*;
 
 const BATCH: &str = "SELECT o_index, o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
      o_response_status, o_response_headers, o_response_body, o_replayable, o_expires_in_ms \
-     FROM idempotency_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+     FROM idempotency_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
 
 impl WriteBatch for PgStore {
     async fn write_batch(&self, writes: Vec<Write>) -> Vec<Result<Written, StoreError>> {
@@ -108,6 +108,7 @@ impl PgStore {
                                 (&req.route, Type::TEXT),
                                 (&lease, Type::INT8),
                                 (&retention, Type::INT8),
+                                (&req.takeover, Type::BOOL),
                             ],
                         )
                         .await?;
@@ -164,6 +165,7 @@ impl PgStore {
         let mut body: Vec<Option<&[u8]>> = Vec::with_capacity(n);
         let mut replayable: Vec<Option<bool>> = Vec::with_capacity(n);
         let mut notify: Vec<Option<String>> = Vec::with_capacity(n);
+        let mut takeover: Vec<Option<bool>> = Vec::with_capacity(n);
         for &i in &order {
             let (c, k) = writes[i].row();
             client_id.push(c);
@@ -189,6 +191,7 @@ impl PgStore {
                     .map(millis),
             );
             token.push(fence.map(|f| f.token));
+            takeover.push(reserve.map(|r| r.takeover));
             // Hashed only when someone may be waiting; otherwise no NOTIFY is sent.
             notify.push(
                 fence
@@ -220,6 +223,7 @@ impl PgStore {
                             (&body, Type::BYTEA_ARRAY),
                             (&replayable, Type::BOOL_ARRAY),
                             (&notify, Type::TEXT_ARRAY),
+                            (&takeover, Type::BOOL_ARRAY),
                         ],
                     )
                     .await?)

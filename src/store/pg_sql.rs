@@ -5,7 +5,7 @@ use super::types::*;
 
 pub(super) const RESERVE: &str = "SELECT o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
      o_response_status, o_response_headers, o_response_body, o_replayable, o_expires_in_ms \
-     FROM idempotency_reserve($1, $2, $3, $4, $5, $6)";
+     FROM idempotency_reserve($1, $2, $3, $4, $5, $6, $7)";
 
 pub(super) const RENEW: &str = "UPDATE idempotency_keys \
      SET locked_until = now() + $4::int8 * interval '1 millisecond' \
@@ -84,6 +84,9 @@ pub(super) fn reservation(
             }
         }
         "mismatch" => Reservation::Mismatch,
+        "unresolved" => Reservation::Unresolved {
+            attempts: row.try_get(at + 2)?,
+        },
         "done" => {
             let status: i16 = row.try_get(at + 4)?;
             let status = u16::try_from(status)

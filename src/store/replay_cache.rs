@@ -275,6 +275,7 @@ mod tests {
             route: "r",
             lease: Duration::from_secs(1),
             retention: Duration::from_secs(60),
+            takeover: true,
         }
     }
 

@@ -22,6 +22,9 @@ pub struct ReserveRequest<'a> {
     pub route: &'a str,
     pub lease: Duration,
     pub retention: Duration,
+    /// Whether an expired lease may be taken over (re-executed); when not, such a key is
+    /// reported [`Reservation::Unresolved`] and left as it is (`takeover: never`).
+    pub takeover: bool,
 }
 
 /// A lease we hold on a key.
@@ -58,6 +61,9 @@ pub enum Reservation {
     Done(StoredResponse),
     /// Done, but the answer was too large to store.
     NotReplayable { status: u16 },
+    /// In progress with its lease run out — nobody knows whether the operation happened —
+    /// and the caller may not take it over.
+    Unresolved { attempts: i32 },
 }
 
 /// How a reserved key ends.

@@ -147,6 +147,18 @@ pub(super) fn merge_policy(
             Ambiguous::Keep
         }
     };
+    let takeover = match own.takeover.as_deref() {
+        None => base.map_or(Takeover::Execute, |b| b.takeover),
+        Some("execute") => Takeover::Execute,
+        Some("never") => Takeover::Never,
+        Some(other) => {
+            p.push(
+                format!("{at}.takeover"),
+                format!("`{other}`: use `execute` (a retry after the lease re-executes with the same derived key) or `never` (it gets outcome-unknown)"),
+            );
+            Takeover::Execute
+        }
+    };
     let ambiguous_statuses = match &own.ambiguous_statuses {
         Some(list) => {
             for (i, code) in list.iter().enumerate() {
@@ -185,6 +197,7 @@ pub(super) fn merge_policy(
         recovery_probe,
         on_ambiguous,
         ambiguous_statuses,
+        takeover,
     })
 }
 

@@ -177,5 +177,6 @@ fn route_policy(r: &FileRoute) -> FilePolicy {
         recovery_probe: r.recovery_probe.clone(),
         on_ambiguous: r.on_ambiguous.clone(),
         ambiguous_statuses: r.ambiguous_statuses.clone(),
+        takeover: r.takeover.clone(),
     }
 }
