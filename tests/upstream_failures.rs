@@ -110,6 +110,87 @@ async fn takeover_never_answers_outcome_unknown(db: Backend) {
     proxy.stop().await;
 }
 
+/// An operator settles unresolved keys through the admin API: an answer is stored and
+/// replayed to every retry (no second execution), a release lets the next retry execute;
+/// a live lease, a completed key, an unknown key and a malformed resolution are refused,
+/// each with its reason.
+async fn operator_resolves_unresolved_keys(db: Backend) {
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_secs(5),
+        ..Default::default()
+    })
+    .await;
+    let yaml = PAYMENTS
+        .replace("  timeout: 10s\n", "  timeout: 500ms\n")
+        .replace("  lease: 30s\n", "  lease: 3s\n")
+        .replace(
+            "    require_key: true\n",
+            "    require_key: true\n    takeover: never\n",
+        );
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    let admin = TestClient::at(proxy.admin);
+    let resolve = |key: &str, body: &str| {
+        let (admin, path, body) = (
+            admin.clone(),
+            format!("/admin/keys/shop-1/{key}/resolve"),
+            body.to_owned(),
+        );
+        async move { admin.send("POST", &path, &[], &body).await }
+    };
+    for key in ["answered", "released"] {
+        assert_eq!(
+            client.post("/payments", "shop-1", key, BODY).await.status,
+            504
+        );
+    }
+    let live = resolve("answered", r#"{"release": true}"#).await;
+    assert_eq!(live.status, 409, "{live:?}");
+    assert!(live.detail().contains("lease is live"), "{live:?}");
+    tokio::time::sleep(Duration::from_millis(3_300)).await;
+
+    let bad = resolve("answered", r#"{"status": 201, "release": true}"#).await;
+    assert_eq!(bad.status, 400, "{bad:?}");
+    assert!(bad.is_problem());
+    let bad = resolve("answered", r#"{"status": 9000}"#).await;
+    assert_eq!(bad.status, 400, "{bad:?}");
+    assert_eq!(resolve("nobody", r#"{"release": true}"#).await.status, 404);
+
+    let stored = resolve(
+        "answered",
+        r#"{"status": 201, "headers": {"content-type": "application/json"}, "body": "{\"charge\":\"found-by-hand\"}"}"#,
+    )
+    .await;
+    assert_eq!(stored.status, 200, "{stored:?}");
+    for _ in 0..2 {
+        let retry = client.post("/payments", "shop-1", "answered", BODY).await;
+        assert_eq!(
+            (retry.status.as_u16(), retry.replayed()),
+            (201, true),
+            "{retry:?}"
+        );
+        assert_eq!(retry.body, r#"{"charge":"found-by-hand"}"#);
+        assert_eq!(retry.headers["content-type"], "application/json");
+    }
+    let again = resolve("answered", r#"{"release": true}"#).await;
+    assert_eq!(again.status, 409);
+    assert!(again.detail().contains("completed"), "{again:?}");
+
+    assert_eq!(
+        resolve("released", r#"{"release": true}"#).await.status,
+        200
+    );
+    upstream.set(Behavior::default());
+    let fresh = client.post("/payments", "shop-1", "released", BODY).await;
+    assert_eq!((fresh.status.as_u16(), fresh.replayed()), (201, false));
+    assert_eq!(
+        upstream.executions(),
+        3,
+        "two timed out, one after the release"
+    );
+    proxy.stop().await;
+}
+
 /// A status listed in `release_on` releases the key instead of storing the answer: the
 /// client gets it, and the same key executes again.
 async fn release_on_statuses_free_the_key(db: Backend) {
@@ -256,6 +337,7 @@ async fn ambiguous_release_frees_the_key(db: Backend) {
 }
 
 on_both_stores!(
+    operator_resolves_unresolved_keys,
     takeover_never_answers_outcome_unknown,
     refused_then_healthy,
     hanging_upstream_keeps_the_key,

@@ -8,6 +8,8 @@
 //! - `GET /admin/keys/{client_id}/{key}` — where a key stands.
 //! - `DELETE /admin/keys/{client_id}/{key}` — evict it (the next request executes afresh).
 //! - `GET /admin/stuck?limit=N` — in-progress keys whose lease ran out.
+//! - `POST /admin/keys/{client_id}/{key}/resolve` — settle an unresolved key with an
+//!   answer or a release (see `resolve`).
 //!
 //! `/admin/*` requires `Authorization: Bearer <admin_token>` when a token is configured
 //! (and one must be configured when the listener is not loopback).
@@ -28,6 +30,8 @@ use crate::problem::Problem;
 use crate::proxy::body::{ProxyBody, full};
 use crate::proxy::{Proxy, hex};
 use crate::store::{KeyRecord, KeyStore, StoreError};
+
+mod resolve;
 
 /// Most rows `/admin/stuck` returns.
 const MAX_STUCK: i64 = 1000;
@@ -151,6 +155,14 @@ pub async fn handle<S: KeyStore>(
                     http::HeaderValue::from_static("Bearer"),
                 );
                 return resp;
+            }
+            if method == Method::POST
+                && let Some(rest) = p
+                    .strip_prefix("/admin/keys/")
+                    .and_then(|r| r.strip_suffix("/resolve"))
+            {
+                let rest = rest.to_owned();
+                return resolve::request(proxy, &rest, token, req).await;
             }
             admin(proxy, &method, p, req.uri().query()).await
         }

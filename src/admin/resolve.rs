@@ -1,0 +1,227 @@
+//! `POST /admin/keys/{client_id}/{key}/resolve` — an operator settles a key whose outcome
+//! is unknown, after finding out (from the provider) what happened:
+//!
+//! - `{"status": 201, "headers": {"content-type": "application/json"}, "body": "…"}` stores
+//!   that as the key's answer: retries replay it, for the route's retention;
+//! - `{"release": true}` frees the key: the next retry executes.
+//!
+//! Only an unresolved key can be resolved — in progress with its lease run out; a live
+//! lease (someone is working on it) or a completed key gets `409` saying which. The write
+//! is fenced by the lease token the operator's lookup saw, so a takeover racing the
+//! resolution wins or loses as a whole. Every resolution logs one audit line: who (a hash
+//! of the admin token), which key (its hash), what.
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::{json, problem, store_failed};
+use crate::config::DEFAULT_RETENTION;
+use crate::proxy::body::ProxyBody;
+use crate::proxy::{Proxy, hex};
+use crate::store::{Completion, Fence, Fenced, KeyStore, StoredResponse, key_id};
+
+/// Largest resolution body accepted.
+const MAX_BODY: usize = 4 << 20;
+
+/// What the operator says happened.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Resolution {
+    status: Option<u16>,
+    #[serde(default)]
+    headers: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    body: String,
+    release: Option<bool>,
+}
+
+/// Handles the request for `rest` (`{client_id}/{key}`, percent-encoded): reads its body
+/// and resolves the key.
+pub(super) async fn request<S: KeyStore>(
+    proxy: &Proxy<S>,
+    rest: &str,
+    token: Option<&str>,
+    req: Request<Incoming>,
+) -> Response<ProxyBody> {
+    let Some((client, key)) = rest.split_once('/') else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            "Not found",
+            "Use POST /admin/keys/{client_id}/{key}/resolve, each percent-encoded.",
+        );
+    };
+    let (Ok(client), Ok(key)) = (super::decode(client), super::decode(key)) else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "bad-path",
+            "Invalid path",
+            "The client id and key must be percent-encoded UTF-8.",
+        );
+    };
+    // Who, for the audit line: a hash of the token used, never the token.
+    let who = match token {
+        Some(_) => req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .map(|v| format!("token:{}", hex(&Sha256::digest(v.as_bytes())[..6])))
+            .unwrap_or_default(),
+        None => "no admin_token configured".to_owned(),
+    };
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return bad(&format!(
+                "The body could not be read, or is larger than {MAX_BODY} bytes."
+            ));
+        }
+    };
+    resolve(proxy, &client, &key, &body, &who).await
+}
+
+/// Resolves `(client, key)` as `body` says; `who` names the operator in the audit line.
+async fn resolve<S: KeyStore>(
+    proxy: &Proxy<S>,
+    client: &str,
+    key: &str,
+    body: &Bytes,
+    who: &str,
+) -> Response<ProxyBody> {
+    let resolution: Resolution = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) => {
+            return bad(&format!(
+                "The body is not a resolution ({e}). Send {{\"status\": 201, \"headers\": {{…}}, \"body\": \"…\"}} or {{\"release\": true}}."
+            ));
+        }
+    };
+    let answer = match (&resolution.status, resolution.release) {
+        (Some(_), Some(true)) => {
+            return bad(
+                "Send either an answer (status, headers, body) or {\"release\": true}, not both.",
+            );
+        }
+        (None, Some(true)) => None,
+        (Some(status), None | Some(false)) => match answer(*status, &resolution) {
+            Ok(a) => Some(a),
+            Err(detail) => return bad(&detail),
+        },
+        (None, _) => {
+            return bad(
+                "Send an answer ({\"status\": 201, \"headers\": {…}, \"body\": \"…\"}) or {\"release\": true}.",
+            );
+        }
+    };
+    let store = proxy.store();
+    let row = match store.lookup(client, key).await {
+        Ok(Some(row)) => row,
+        Ok(None) => {
+            return problem(
+                StatusCode::NOT_FOUND,
+                "no-such-key",
+                "No such key",
+                "No row for this client id and key: nothing to resolve (a retry would execute it afresh).",
+            );
+        }
+        Err(e) => return store_failed(&e),
+    };
+    if row.status == "done" {
+        return conflict(
+            "The key is completed: its answer is replayed. Nothing to resolve (evict it to let the next request execute).",
+        );
+    }
+    if row.lease_remaining_ms.is_some_and(|ms| ms >= 0) {
+        return conflict(
+            "The key's lease is live: a worker is executing it now. Only a key whose lease ran out can be resolved; look again once it has.",
+        );
+    }
+    let retention = proxy
+        .config()
+        .routes
+        .routes()
+        .iter()
+        .find(|r| *r.name == row.route)
+        .map_or(DEFAULT_RETENTION, |r| r.policy.retention);
+    let fence = Fence {
+        client_id: client.to_owned(),
+        key: key.to_owned(),
+        token: row.lease_token,
+        notify: true,
+        retention,
+    };
+    let what = match &answer {
+        Some(a) => format!("stored status {}", a.status),
+        None => "released".to_owned(),
+    };
+    let kept_seconds = answer.as_ref().map(|_| retention.as_secs());
+    let written = match answer {
+        Some(a) => store.complete(&fence, &Completion::Stored(a)).await,
+        None => store.release(&fence).await,
+    };
+    match written {
+        Ok(Fenced::Applied) => {
+            tracing::warn!(
+                operator = %who,
+                key = %hex(&key_id(client, key)[..6]),
+                route = %row.route,
+                resolution = %what,
+                "unresolved key resolved by an operator"
+            );
+            json(
+                StatusCode::OK,
+                &serde_json::json!({ "resolved": what, "replayed_for_seconds": kept_seconds }),
+            )
+        }
+        Ok(Fenced::Refused) => conflict(
+            "The key changed while it was being resolved (taken over, completed or evicted); look it up again.",
+        ),
+        Err(e) => store_failed(&e),
+    }
+}
+
+/// The stored answer the resolution describes, or what is wrong with it.
+fn answer(status: u16, r: &Resolution) -> Result<StoredResponse, String> {
+    if !(100..=599).contains(&status) {
+        return Err(format!(
+            "`status` {status} is not an HTTP status (100–599)."
+        ));
+    }
+    let mut block = Vec::new();
+    for (name, value) in &r.headers {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("`{name}` is not a header name."))?;
+        HeaderValue::from_str(value)
+            .map_err(|_| format!("the value of `{name}` is not a valid header value."))?;
+        block.extend_from_slice(name.as_str().as_bytes());
+        block.extend_from_slice(b": ");
+        block.extend_from_slice(value.as_bytes());
+        block.extend_from_slice(b"\r\n");
+    }
+    Ok(StoredResponse {
+        status,
+        headers: block.into(),
+        body: Bytes::copy_from_slice(r.body.as_bytes()),
+    })
+}
+
+fn bad(detail: &str) -> Response<ProxyBody> {
+    problem(
+        StatusCode::BAD_REQUEST,
+        "bad-resolution",
+        "Invalid resolution",
+        detail,
+    )
+}
+
+fn conflict(detail: &str) -> Response<ProxyBody> {
+    problem(
+        StatusCode::CONFLICT,
+        "not-unresolved",
+        "Key not unresolved",
+        detail,
+    )
+}
