@@ -14,13 +14,13 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::Notify;
 
 use super::Waiters;
-use super::embedded_write::millis;
+use super::embedded_write::{RECORD_COLUMNS, millis, now_ms, record};
 use super::group_commit::{GroupCommit, Write, WriteBatch, Written};
 use super::replay_cache::{ReplayCache, reserve_through};
 use super::types::*;
@@ -51,9 +51,6 @@ CREATE INDEX IF NOT EXISTS idempotency_keys_expires ON idempotency_keys (expires
 CREATE TABLE IF NOT EXISTS idempotency_counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO idempotency_counters (name, value) VALUES ('lease_token', 0);
 ";
-
-const RECORD_COLUMNS: &str = "client_id, key, route, status, fingerprint, lease_token, locked_until_ms, attempts, \
-     response_status, length(response_body), replayable, created_ms, completed_ms, expires_ms";
 
 /// SQLite-backed [`KeyStore`] for a single instance.
 #[derive(Clone)]
@@ -92,12 +89,6 @@ const CALLS_AT_ONCE: usize = 4;
 
 /// Writes per transaction at most.
 const MAX_BATCH: usize = 256;
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
 
 impl EmbeddedStore {
     /// Opens the store file for this process alone, as `serve` and `sweep` do: a second
@@ -214,32 +205,6 @@ impl EmbeddedStore {
             Ok(result) => result,
         }
     }
-}
-
-fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRecord> {
-    let status: String = r.get(3)?;
-    let locked_until: Option<i64> = r.get(6)?;
-    let response_status: Option<i64> = r.get(8)?;
-    Ok(KeyRecord {
-        client_id: r.get(0)?,
-        key: r.get(1)?,
-        route: r.get(2)?,
-        lease_remaining_ms: if status == "done" {
-            None
-        } else {
-            locked_until.map(|t| t - now_ms())
-        },
-        status,
-        fingerprint: r.get(4)?,
-        lease_token: r.get(5)?,
-        attempts: r.get(7)?,
-        response_status: response_status.and_then(|s| u16::try_from(s).ok()),
-        response_body_bytes: r.get(9)?,
-        replayable: r.get(10)?,
-        created_at_ms: r.get(11)?,
-        completed_at_ms: r.get(12)?,
-        expires_at_ms: r.get(13)?,
-    })
 }
 
 impl WriteBatch for EmbeddedStore {

@@ -2,7 +2,7 @@
 //! transaction and so one fsync, each write in a savepoint of its own so that a write
 //! that fails is rolled back alone and its neighbours still commit.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -224,4 +224,42 @@ fn reserve(
 
 pub(super) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The columns [`record`] reads, in its order.
+pub(super) const RECORD_COLUMNS: &str = "client_id, key, route, status, fingerprint, lease_token, locked_until_ms, attempts, \
+     response_status, length(response_body), replayable, created_ms, completed_ms, expires_ms";
+
+/// A row as operators see it.
+pub(super) fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRecord> {
+    let status: String = r.get(3)?;
+    let locked_until: Option<i64> = r.get(6)?;
+    let response_status: Option<i64> = r.get(8)?;
+    Ok(KeyRecord {
+        client_id: r.get(0)?,
+        key: r.get(1)?,
+        route: r.get(2)?,
+        lease_remaining_ms: if status == "done" {
+            None
+        } else {
+            locked_until.map(|t| t - now_ms())
+        },
+        status,
+        fingerprint: r.get(4)?,
+        lease_token: r.get(5)?,
+        attempts: r.get(7)?,
+        response_status: response_status.and_then(|s| u16::try_from(s).ok()),
+        response_body_bytes: r.get(9)?,
+        replayable: r.get(10)?,
+        created_at_ms: r.get(11)?,
+        completed_at_ms: r.get(12)?,
+        expires_at_ms: r.get(13)?,
+    })
+}
+
+/// The machine's clock in Unix milliseconds: the embedded store's leases are measured by it.
+pub(super) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

@@ -70,3 +70,30 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, StoreError> {
     tx.commit().await?;
     Ok(applied)
 }
+
+impl super::PgStore {
+    /// The schema version `idemproxy migrate` recorded; 0 where it never ran.
+    pub async fn schema_version(&self) -> Result<i32, StoreError> {
+        self.with_client(|client| async move {
+            match client
+                .simple_query("SELECT max(version) FROM idemproxy_migrations")
+                .await
+            {
+                Ok(messages) => Ok(messages
+                    .iter()
+                    .find_map(|m| match m {
+                        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0),
+                        _ => None,
+                    })
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)),
+                // No version table: never migrated.
+                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+                    Ok(0)
+                }
+                Err(e) => Err(e.into()),
+            }
+        })
+        .await
+    }
+}
