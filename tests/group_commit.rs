@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use idemproxy::store::{
     Completion, Fence, Fenced, KeyStore, Lease, Reservation, Reserve, StoreError, StoredResponse,
-    Write, WriteBatch, Written,
+    Write, WriteBatch, Written, key_id,
 };
 use support::*;
 
@@ -260,7 +260,50 @@ async fn concurrent_writes_through_the_queue(db: Backend) {
     }
 }
 
+/// A completion and a release that share a batch wake the duplicates waiting on their
+/// keys (`on_conflict: wait`): on PostgreSQL through the batch's own `NOTIFY`.
+async fn a_batch_wakes_the_waiters_of_its_keys(db: Backend) {
+    let store = db.store();
+    let done = lease_of(&store.write_batch(vec![reserve("done", FP, LONG)]).await[0]);
+    let freed = lease_of(&store.write_batch(vec![reserve("freed", FP, LONG)]).await[0]);
+    let subscriptions = ["done", "freed"].map(|k| store.subscribe(key_id("client", k)));
+    // Let PostgreSQL's notification connection come up (and its wake-up on connecting pass).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut woken: Vec<_> = subscriptions
+        .iter()
+        .map(|n| Box::pin(n.notified()))
+        .collect();
+    for w in &mut woken {
+        w.as_mut().enable();
+    }
+    let waking = |key: &str, lease: &Lease| Fence {
+        notify: true,
+        ..fence(key, lease)
+    };
+    let answers = store
+        .write_batch(vec![
+            Write::Complete(waking("done", &done), answer("x")),
+            Write::Release(waking("freed", &freed)),
+        ])
+        .await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Ok(Written::Fenced(Fenced::Applied)))),
+        "{answers:?}"
+    );
+    for (key, w) in ["done", "freed"].iter().zip(woken) {
+        assert!(
+            tokio::time::timeout(Duration::from_secs(3), w)
+                .await
+                .is_ok(),
+            "the waiters of {key} were not woken"
+        );
+    }
+}
+
 on_both_stores!(
+    a_batch_wakes_the_waiters_of_its_keys,
     duplicates_of_one_key_in_one_batch,
     takeover_and_completion_in_one_batch,
     a_failing_member_fails_alone,

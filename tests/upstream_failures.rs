@@ -61,10 +61,9 @@ async fn hanging_upstream_keeps_the_key(db: Backend) {
     proxy.stop().await;
 }
 
-/// `takeover: never`: after a timeout and the lease, a retry of the unresolved key is
-/// never a second execution — every retry gets the final `outcome-unknown` problem, the
-/// key stays as it was — until an operator evicts it, and then the next retry executes.
-async fn takeover_never_answers_outcome_unknown(db: Backend) {
+/// A payments proxy whose route says `takeover: never` (3 s lease), in front of an
+/// upstream that answers only after the proxy's 500 ms timeout.
+async fn hanging_upstream_never_taken_over(db: &Backend) -> (Upstream, TestProxy) {
     let upstream = Upstream::spawn(Behavior {
         delay: Duration::from_secs(5),
         ..Default::default()
@@ -77,7 +76,15 @@ async fn takeover_never_answers_outcome_unknown(db: Backend) {
             "    require_key: true\n",
             "    require_key: true\n    takeover: never\n",
         );
-    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let proxy = TestProxy::spawn(&yaml, &upstream, db).await;
+    (upstream, proxy)
+}
+
+/// `takeover: never`: after a timeout and the lease, a retry of the unresolved key is
+/// never a second execution — every retry gets the final `outcome-unknown` problem, the
+/// key stays as it was — until an operator evicts it, and then the next retry executes.
+async fn takeover_never_answers_outcome_unknown(db: Backend) {
+    let (upstream, proxy) = hanging_upstream_never_taken_over(&db).await;
     let client = TestClient::new(&proxy);
     assert_eq!(
         client.post("/payments", "shop-1", "k", BODY).await.status,
@@ -115,19 +122,7 @@ async fn takeover_never_answers_outcome_unknown(db: Backend) {
 /// a live lease, a completed key, an unknown key and a malformed resolution are refused,
 /// each with its reason.
 async fn operator_resolves_unresolved_keys(db: Backend) {
-    let upstream = Upstream::spawn(Behavior {
-        delay: Duration::from_secs(5),
-        ..Default::default()
-    })
-    .await;
-    let yaml = PAYMENTS
-        .replace("  timeout: 10s\n", "  timeout: 500ms\n")
-        .replace("  lease: 30s\n", "  lease: 3s\n")
-        .replace(
-            "    require_key: true\n",
-            "    require_key: true\n    takeover: never\n",
-        );
-    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let (upstream, proxy) = hanging_upstream_never_taken_over(&db).await;
     let client = TestClient::new(&proxy);
     let admin = TestClient::at(proxy.admin);
     let resolve = |key: &str, body: &str| {

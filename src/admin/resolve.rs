@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 use super::{json, problem, store_failed};
 use crate::config::DEFAULT_RETENTION;
 use crate::proxy::body::ProxyBody;
+use crate::proxy::encode_block;
 use crate::proxy::{Proxy, hex};
 use crate::store::{Completion, Fence, Fenced, KeyStore, StoredResponse, key_id};
 
@@ -190,20 +191,17 @@ fn answer(status: u16, r: &Resolution) -> Result<StoredResponse, String> {
             "`status` {status} is not an HTTP status (100–599)."
         ));
     }
-    let mut block = Vec::new();
+    let mut headers = http::HeaderMap::new();
     for (name, value) in &r.headers {
         let name = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| format!("`{name}` is not a header name."))?;
-        HeaderValue::from_str(value)
+        let value = HeaderValue::from_str(value)
             .map_err(|_| format!("the value of `{name}` is not a valid header value."))?;
-        block.extend_from_slice(name.as_str().as_bytes());
-        block.extend_from_slice(b": ");
-        block.extend_from_slice(value.as_bytes());
-        block.extend_from_slice(b"\r\n");
+        headers.append(name, value);
     }
     Ok(StoredResponse {
         status,
-        headers: block.into(),
+        headers: encode_block(headers.iter()),
         body: Bytes::copy_from_slice(r.body.as_bytes()),
     })
 }

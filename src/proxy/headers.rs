@@ -133,14 +133,22 @@ const ALWAYS_STORED: [HeaderName; 2] = [header::CONTENT_TYPE, header::LOCATION];
 /// Encodes the allow-listed headers of an answer as an HTTP/1 header block, which is
 /// lossless for every legal header value (values cannot contain CR or LF).
 pub fn encode_stored(headers: &HeaderMap, extra: &[HeaderName]) -> Bytes {
+    encode_block(
+        ALWAYS_STORED
+            .iter()
+            .chain(extra)
+            .flat_map(|name| headers.get_all(name).iter().map(move |v| (name, v))),
+    )
+}
+
+/// Encodes headers as the block [`decode_stored`] reads, all of them and in this order.
+pub fn encode_block<'a>(headers: impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)>) -> Bytes {
     let mut out = BytesMut::new();
-    for name in ALWAYS_STORED.iter().chain(extra) {
-        for value in headers.get_all(name) {
-            out.put_slice(name.as_str().as_bytes());
-            out.put_slice(b": ");
-            out.put_slice(value.as_bytes());
-            out.put_slice(b"\r\n");
-        }
+    for (name, value) in headers {
+        out.put_slice(name.as_str().as_bytes());
+        out.put_slice(b": ");
+        out.put_slice(value.as_bytes());
+        out.put_slice(b"\r\n");
     }
     out.freeze()
 }

@@ -12,6 +12,6 @@ mod service;
 mod upstream;
 
 pub use forward::{ForwardError, Forwarder, UpstreamBody};
-pub use headers::{decode_stored, encode_stored};
+pub use headers::{decode_stored, encode_block, encode_stored};
 pub use key::{derived_key, hex, is_visible_ascii, parse_key};
 pub use service::Proxy;

@@ -246,6 +246,24 @@ impl GroupCommit {
         queue.waiting.drain(..n).collect()
     }
 
+    /// The next batch for a holder of a place, or — when nothing waits — the place given
+    /// back, under the same lock a writer checks it under: a write queued after this
+    /// either sees the place free or is in the batch returned.
+    fn next_or_give_back(&self) -> Vec<Member> {
+        let mut queue = self.lock();
+        let batch = self.take(&mut queue);
+        if batch.is_empty() {
+            queue.in_flight = queue.in_flight.saturating_sub(1);
+        }
+        batch
+    }
+
+    /// Gives a place back unconditionally (its holder ended unexpectedly).
+    fn give_back(&self) {
+        let mut queue = self.lock();
+        queue.in_flight = queue.in_flight.saturating_sub(1);
+    }
+
     /// Runs batches until the queue is empty, then gives up its place.
     async fn drive<S: WriteBatch>(self: Arc<Self>, store: S, mut batch: Vec<Member>) {
         let mut running = Running(Some(&self));
@@ -265,12 +283,8 @@ impl GroupCommit {
                     let _ = reply.send(result);
                 }
             }
-            let mut queue = self.lock();
-            batch = self.take(&mut queue);
+            batch = self.next_or_give_back();
             if batch.is_empty() {
-                // Given back under the same lock a writer checks it under: a write queued
-                // after this either sees the place free or is taken by this loop.
-                queue.in_flight = queue.in_flight.saturating_sub(1);
                 running.0 = None;
                 return;
             }
@@ -291,22 +305,16 @@ impl<S: WriteBatch> Place<'_, S> {
         if !std::mem::take(&mut self.held) {
             return;
         }
-        let mut queue = self.group.lock();
-        let batch = self.group.take(&mut queue);
+        let batch = self.group.next_or_give_back();
         if batch.is_empty() {
-            queue.in_flight = queue.in_flight.saturating_sub(1);
             return;
         }
-        drop(queue);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(Arc::clone(self.group).drive(self.store.clone(), batch));
             }
             // No runtime (the process is ending): the members' callers are gone too.
-            Err(_) => {
-                let mut queue = self.group.lock();
-                queue.in_flight = queue.in_flight.saturating_sub(1);
-            }
+            Err(_) => self.group.give_back(),
         }
     }
 }
@@ -324,8 +332,7 @@ struct Running<'a>(Option<&'a GroupCommit>);
 impl Drop for Running<'_> {
     fn drop(&mut self) {
         if let Some(group) = self.0 {
-            let mut queue = group.lock();
-            queue.in_flight = queue.in_flight.saturating_sub(1);
+            group.give_back();
         }
     }
 }

@@ -170,16 +170,12 @@ impl PgStore {
             let (c, k) = writes[i].row();
             client_id.push(c);
             key.push(k);
-            let (reserve, fence, completion) = match &writes[i] {
-                Write::Reserve(r) => (Some(r), None, None),
-                Write::Complete(f, c) => (None, Some(f), Some(c)),
-                Write::Release(f) => (None, Some(f), None),
+            let (name, reserve, fence, completion) = match &writes[i] {
+                Write::Reserve(r) => ("reserve", Some(r), None, None),
+                Write::Complete(f, c) => ("complete", None, Some(f), Some(c)),
+                Write::Release(f) => ("release", None, Some(f), None),
             };
-            op.push(match &writes[i] {
-                Write::Reserve(_) => "reserve",
-                Write::Complete(..) => "complete",
-                Write::Release(_) => "release",
-            });
+            op.push(name);
             fingerprint.push(reserve.map(|r| r.fingerprint.as_slice()));
             route.push(reserve.map(|r| r.route.as_str()));
             lease.push(reserve.map(|r| millis(r.lease)));

@@ -99,19 +99,19 @@ impl ReplayCache {
         self.epoch.load(Ordering::Acquire)
     }
 
-    /// The stored answer for `req`, when it may be served from memory.
-    pub fn get(&self, req: &ReserveRequest<'_>) -> Option<Reservation> {
+    /// The stored answer for `req` (whose [`key_id`] is `id`), when it may be served from
+    /// memory.
+    pub fn get(&self, id: &KeyId, req: &ReserveRequest<'_>) -> Option<Reservation> {
         if !self.live.load(Ordering::Acquire) {
             return None;
         }
-        let id = key_id(req.client_id, req.key);
         let mut entries = self.lock();
-        let entry = entries.map.get(&id)?;
+        let entry = entries.map.get(id)?;
         if &*entry.client_id != req.client_id || &*entry.key != req.key {
             return None;
         }
         if Instant::now() >= entry.until {
-            entries.remove(&id);
+            entries.remove(id);
             return None;
         }
         if entry.fingerprint != *req.fingerprint {
@@ -136,6 +136,7 @@ impl ReplayCache {
     pub fn insert(
         &self,
         epoch: u64,
+        id: KeyId,
         req: &ReserveRequest<'_>,
         reservation: &Reservation,
         until: Instant,
@@ -161,7 +162,6 @@ impl ReplayCache {
             return;
         }
         let until = until.min(Instant::now() + MAX_AGE);
-        let id = key_id(req.client_id, req.key);
         let mut entries = self.lock();
         // Checked under the lock an invalidation also takes: none happened since the read.
         if self.epoch.load(Ordering::Acquire) != epoch {
@@ -242,7 +242,9 @@ where
     let Some(cache) = cache else {
         return reserve.await.map(|(r, _)| r);
     };
-    if let Some(hit) = cache.get(req) {
+    // Hashed once: the lookup and the insert of a miss use the same id.
+    let id = key_id(req.client_id, req.key);
+    if let Some(hit) = cache.get(&id, req) {
         return Ok(hit);
     }
     // Both taken before the store is asked: the row's remaining time is counted from a
@@ -250,7 +252,7 @@ where
     let (asked, epoch) = (Instant::now(), cache.epoch());
     let (reservation, expires_in) = reserve.await?;
     if let Some(expires_in) = expires_in {
-        cache.insert(epoch, req, &reservation, asked + expires_in);
+        cache.insert(epoch, id, req, &reservation, asked + expires_in);
     }
     Ok(reservation)
 }
@@ -287,6 +289,22 @@ mod tests {
         })
     }
 
+    /// `cache.get` as the store calls it.
+    fn get(cache: &ReplayCache, req: &ReserveRequest<'_>) -> Option<Reservation> {
+        cache.get(&key_id(req.client_id, req.key), req)
+    }
+
+    /// `cache.insert` as the store calls it.
+    fn insert(
+        cache: &ReplayCache,
+        epoch: u64,
+        req: &ReserveRequest<'_>,
+        r: &Reservation,
+        until: Instant,
+    ) {
+        cache.insert(epoch, key_id(req.client_id, req.key), req, r, until)
+    }
+
     fn later() -> Instant {
         Instant::now() + Duration::from_secs(30)
     }
@@ -295,12 +313,18 @@ mod tests {
     fn serves_only_the_same_client_key_and_fingerprint() {
         let cache = ReplayCache::new(1 << 20, true);
         let (fp, other) = ([1; 32], [2; 32]);
-        cache.insert(cache.epoch(), &req("a", "k", &fp), &done("a's"), later());
-        assert_eq!(cache.get(&req("a", "k", &fp)), Some(done("a's")));
-        assert_eq!(cache.get(&req("b", "k", &fp)), None, "another client");
-        assert_eq!(cache.get(&req("a", "k2", &fp)), None, "another key");
+        insert(
+            &cache,
+            cache.epoch(),
+            &req("a", "k", &fp),
+            &done("a's"),
+            later(),
+        );
+        assert_eq!(get(&cache, &req("a", "k", &fp)), Some(done("a's")));
+        assert_eq!(get(&cache, &req("b", "k", &fp)), None, "another client");
+        assert_eq!(get(&cache, &req("a", "k2", &fp)), None, "another key");
         assert_eq!(
-            cache.get(&req("a", "k", &other)),
+            get(&cache, &req("a", "k", &other)),
             None,
             "a 422 is the store's"
         );
@@ -310,13 +334,14 @@ mod tests {
     fn never_past_the_rows_expiry() {
         let cache = ReplayCache::new(1 << 20, true);
         let fp = [1; 32];
-        cache.insert(
+        insert(
+            &cache,
             cache.epoch(),
             &req("a", "k", &fp),
             &done("x"),
             Instant::now(),
         );
-        assert_eq!(cache.get(&req("a", "k", &fp)), None);
+        assert_eq!(get(&cache, &req("a", "k", &fp)), None);
         assert_eq!(cache.bytes(), 0, "an expired entry is dropped when met");
     }
 
@@ -326,26 +351,48 @@ mod tests {
         let fp = [1; 32];
         let epoch = cache.epoch();
         cache.invalidate(&key_id("a", "k"));
-        cache.insert(epoch, &req("a", "k", &fp), &done("stale"), later());
-        assert_eq!(cache.get(&req("a", "k", &fp)), None);
-        cache.insert(cache.epoch(), &req("a", "k", &fp), &done("x"), later());
+        insert(&cache, epoch, &req("a", "k", &fp), &done("stale"), later());
+        assert_eq!(get(&cache, &req("a", "k", &fp)), None);
+        insert(
+            &cache,
+            cache.epoch(),
+            &req("a", "k", &fp),
+            &done("x"),
+            later(),
+        );
         cache.invalidate(&key_id("a", "k"));
-        assert_eq!(cache.get(&req("a", "k", &fp)), None);
+        assert_eq!(get(&cache, &req("a", "k", &fp)), None);
     }
 
     #[test]
     fn nothing_is_served_while_evictions_are_not_heard() {
         let cache = ReplayCache::new(1 << 20, false);
         let fp = [1; 32];
-        cache.insert(cache.epoch(), &req("a", "k", &fp), &done("x"), later());
-        assert_eq!(cache.get(&req("a", "k", &fp)), None);
+        insert(
+            &cache,
+            cache.epoch(),
+            &req("a", "k", &fp),
+            &done("x"),
+            later(),
+        );
+        assert_eq!(get(&cache, &req("a", "k", &fp)), None);
         cache.set_live(true);
-        cache.insert(cache.epoch(), &req("a", "k", &fp), &done("x"), later());
-        assert!(cache.get(&req("a", "k", &fp)).is_some());
+        insert(
+            &cache,
+            cache.epoch(),
+            &req("a", "k", &fp),
+            &done("x"),
+            later(),
+        );
+        assert!(get(&cache, &req("a", "k", &fp)).is_some());
         cache.set_live(false);
-        assert_eq!(cache.get(&req("a", "k", &fp)), None);
+        assert_eq!(get(&cache, &req("a", "k", &fp)), None);
         cache.set_live(true);
-        assert_eq!(cache.get(&req("a", "k", &fp)), None, "dropped on reconnect");
+        assert_eq!(
+            get(&cache, &req("a", "k", &fp)),
+            None,
+            "dropped on reconnect"
+        );
     }
 
     #[test]
@@ -355,14 +402,26 @@ mod tests {
         let body = "x".repeat(1000);
         for n in 0..100 {
             let key = format!("k{n}");
-            cache.insert(cache.epoch(), &req("a", &key, &fp), &done(&body), later());
+            insert(
+                &cache,
+                cache.epoch(),
+                &req("a", &key, &fp),
+                &done(&body),
+                later(),
+            );
             assert!(cache.bytes() <= 16 * 1024);
         }
-        assert!(cache.get(&req("a", "k99", &fp)).is_some());
-        assert_eq!(cache.get(&req("a", "k0", &fp)), None);
+        assert!(get(&cache, &req("a", "k99", &fp)).is_some());
+        assert_eq!(get(&cache, &req("a", "k0", &fp)), None);
         // An answer larger than an eighth of the budget is not kept.
         let big = "y".repeat(4 * 1024);
-        cache.insert(cache.epoch(), &req("a", "big", &fp), &done(&big), later());
-        assert_eq!(cache.get(&req("a", "big", &fp)), None);
+        insert(
+            &cache,
+            cache.epoch(),
+            &req("a", "big", &fp),
+            &done(&big),
+            later(),
+        );
+        assert_eq!(get(&cache, &req("a", "big", &fp)), None);
     }
 }
