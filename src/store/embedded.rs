@@ -182,7 +182,7 @@ impl EmbeddedStore {
     }
 
     /// Runs `f` on the blocking pool with the connection, bounded by the store timeout.
-    async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
+    pub(super) async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
@@ -315,16 +315,7 @@ impl KeyStore for EmbeddedStore {
     }
 
     async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
-        self.call(move |conn| {
-            let sql = format!(
-                "SELECT {RECORD_COLUMNS} FROM idempotency_keys \
-                 WHERE status = 'in_progress' AND locked_until_ms < ?1 ORDER BY locked_until_ms LIMIT ?2"
-            );
-            let mut stmt = conn.prepare_cached(&sql)?;
-            let rows = stmt.query_map(params![now_ms(), limit], record)?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-        .await
+        self.stuck_keys(limit).await
     }
 
     async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
@@ -346,19 +337,7 @@ impl KeyStore for EmbeddedStore {
         unresolved_for: Duration,
         batch: i64,
     ) -> Result<Vec<KeyRecord>, StoreError> {
-        let before = now_ms().saturating_sub(millis(unresolved_for));
-        self.call(move |conn| {
-            let sql = format!(
-                "DELETE FROM idempotency_keys WHERE rowid IN ( \
-                   SELECT rowid FROM idempotency_keys \
-                   WHERE status = 'in_progress' AND locked_until_ms < ?1 LIMIT ?2) \
-                 RETURNING {RECORD_COLUMNS}"
-            );
-            let mut stmt = conn.prepare(&sql)?;
-            let rows = stmt.query_map(params![before, batch], record)?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-        .await
+        self.delete_unresolved(unresolved_for, batch).await
     }
 
     fn replay_cache(&self) -> Option<CacheStatus> {

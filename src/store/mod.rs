@@ -7,6 +7,7 @@
 
 mod any;
 mod embedded;
+mod embedded_unresolved;
 mod embedded_write;
 mod error;
 mod group_commit;
@@ -16,6 +17,7 @@ mod pg_connect;
 mod pg_listen;
 mod pg_sql;
 mod pg_tls;
+mod pg_unresolved;
 mod postgres;
 mod replay_cache;
 mod types;

@@ -331,15 +331,7 @@ impl KeyStore for PgStore {
     }
 
     async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
-        self.with_client(|client| async move {
-            let sql = format!(
-                "SELECT {RECORD_COLUMNS} FROM idempotency_keys \
-                 WHERE status = 'in_progress' AND locked_until < now() ORDER BY locked_until LIMIT $1"
-            );
-            let rows = client.typed_query(&sql, &[(&limit, Type::INT8)]).await?;
-            rows.iter().map(record).collect()
-        })
-        .await
+        self.stuck_keys(limit).await
     }
 
     async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
@@ -354,17 +346,7 @@ impl KeyStore for PgStore {
         unresolved_for: Duration,
         batch: i64,
     ) -> Result<Vec<KeyRecord>, StoreError> {
-        let ms = millis(unresolved_for);
-        self.with_client(|client| async move {
-            let rows = client
-                .typed_query(
-                    &sweep_unresolved_sql(),
-                    &[(&ms, Type::INT8), (&batch, Type::INT8)],
-                )
-                .await?;
-            rows.iter().map(record).collect()
-        })
-        .await
+        self.delete_unresolved(unresolved_for, batch).await
     }
 
     fn pool_status(&self) -> Option<PoolStatus> {
