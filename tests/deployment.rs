@@ -81,7 +81,7 @@ async fn unmigrated_postgres_is_refused_at_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_older_schema_is_refused_at_start() {
     let db = Backend::postgres().await;
-    let latest = idemproxy::store::MIGRATIONS.last().unwrap().0;
+    let latest = idemproxy::store::MIGRATIONS.last().unwrap().version;
     db.client()
         .await
         .execute(
@@ -371,17 +371,25 @@ async fn test_schemas_are_dropped_and_pools_small() {
 }
 
 /// Migrations only add, so replicas can be rolled after `migrate`: a replica still on the
-/// previous release, its reservation statement prepared before the migration ran, keeps
-/// reserving on the migrated schema.
+/// previous release (migrations 1–2), its reservation statement prepared before the
+/// migration ran, keeps reserving on the migrated schema.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_previous_releases_statements_survive_the_migration() {
     let db = TestDb::empty().await;
-    let migrations = idemproxy::store::MIGRATIONS;
-    let (previous, latest) = migrations.split_at(migrations.len() - 1);
     let replica = db.client().await;
-    for (_, _, sql) in previous {
-        replica.batch_execute(sql).await.unwrap();
+    let mut migrator = db.client().await;
+    for m in &idemproxy::store::MIGRATIONS[..2] {
+        replica.batch_execute(m.sql).await.unwrap();
     }
+    // Recorded as `migrate` would have, so that it now applies only the rest.
+    migrator
+        .batch_execute(
+            "CREATE TABLE idemproxy_migrations (version integer PRIMARY KEY, name text NOT NULL, \
+               applied_at timestamptz NOT NULL DEFAULT now()); \
+             INSERT INTO idemproxy_migrations (version, name) VALUES (1, 'a'), (2, 'b')",
+        )
+        .await
+        .unwrap();
     // The previous release's reservation, prepared as it prepares it.
     let reserve = replica
         .prepare(
@@ -406,7 +414,118 @@ async fn the_previous_releases_statements_survive_the_migration() {
         }
     };
     assert_eq!(outcome("before").await, "reserved");
-    db.client().await.batch_execute(latest[0].2).await.unwrap();
+    let applied = idemproxy::store::migrate(&mut migrator).await.unwrap();
+    assert_eq!(applied, [3, 4, 5]);
     assert_eq!(outcome("after").await, "reserved");
     assert_eq!(outcome("before").await, "in_progress");
+}
+
+/// The index build runs `CONCURRENTLY`, outside a transaction, and is safe when several
+/// migrators start at once and when an earlier build died half way: an invalid index
+/// nobody builds is dropped and built again, and the version is recorded once, only when
+/// the index is valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_builds_survive_concurrent_migrators_and_a_failed_build() {
+    async fn index_valid(client: &tokio_postgres::Client) -> bool {
+        client
+            .query_one(
+                "SELECT indisvalid FROM pg_index \
+                 WHERE indexrelid = to_regclass('idempotency_keys_unresolved')",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+    let db = TestDb::empty().await;
+    let (mut a, mut b) = (db.client().await, db.client().await);
+    let (ra, rb) = tokio::join!(
+        idemproxy::store::migrate(&mut a),
+        idemproxy::store::migrate(&mut b)
+    );
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    let mut all: Vec<i32> = ra.iter().chain(&rb).copied().collect();
+    all.sort();
+    assert_eq!(all, [1, 2, 3, 4, 5], "each applied once: {ra:?} {rb:?}");
+    assert!(index_valid(&a).await);
+    // What a build killed half way leaves: the index present but invalid, the version
+    // not recorded.
+    a.batch_execute(
+        "DELETE FROM idemproxy_migrations WHERE version = 5; \
+         UPDATE pg_index SET indisvalid = false \
+         WHERE indexrelid = to_regclass('idempotency_keys_unresolved')",
+    )
+    .await
+    .unwrap();
+    assert!(!index_valid(&a).await);
+    assert_eq!(idemproxy::store::migrate(&mut a).await.unwrap(), [5]);
+    assert!(index_valid(&a).await);
+    assert!(idemproxy::store::migrate(&mut b).await.unwrap().is_empty());
+}
+
+/// An embedded file the previous release wrote (schema version 1) is brought up to date
+/// when opened: its keys keep replaying and stay unresolved as they were, and the
+/// reconciler's columns start empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_file_of_the_previous_release_is_upgraded() {
+    use idemproxy::store::{EmbeddedStore, KeyStore};
+    let dir = TempDir::new("upgrade");
+    let path = dir.0.join("keys.db");
+    {
+        // The previous release's schema, as it wrote it.
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE idempotency_keys (
+                 client_id TEXT NOT NULL, key TEXT NOT NULL, route TEXT NOT NULL,
+                 fingerprint BLOB NOT NULL,
+                 status TEXT NOT NULL CHECK (status IN ('in_progress', 'done')),
+                 lease_token INTEGER NOT NULL, locked_until_ms INTEGER,
+                 attempts INTEGER NOT NULL DEFAULT 1, response_status INTEGER,
+                 response_headers BLOB, response_body BLOB, replayable INTEGER,
+                 created_ms INTEGER NOT NULL, completed_ms INTEGER, expires_ms INTEGER NOT NULL,
+                 PRIMARY KEY (client_id, key));
+             CREATE INDEX idempotency_keys_expires ON idempotency_keys (expires_ms);
+             CREATE TABLE idempotency_counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+             INSERT INTO idempotency_counters VALUES ('lease_token', 2);
+             INSERT INTO idempotency_keys VALUES
+               ('c', 'unresolved', 'pay', x'01', 'in_progress', 1, 1000, 1, NULL, NULL, NULL,
+                NULL, 500, NULL, 9999999999999),
+               ('c', 'done', 'pay', x'01', 'done', 2, NULL, 1, 201, x'', x'7b7d', 1, 500, 600,
+                9999999999999);
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let store = EmbeddedStore::open(&path, Duration::from_secs(5)).unwrap();
+    let row = store.lookup("c", "done").await.unwrap().unwrap();
+    assert_eq!(
+        (row.status.as_str(), row.response_status),
+        ("done", Some(201))
+    );
+    assert_eq!(
+        store.unresolved_counts().await.unwrap(),
+        [("pay".into(), 1)]
+    );
+    let claims = store
+        .claim_unresolved(&["pay"], Duration::from_secs(30), 10)
+        .await
+        .unwrap();
+    assert_eq!(claims.len(), 1);
+    assert_eq!(
+        (claims[0].record.probes, claims[0].unresolved_since_ms),
+        (0, 1000)
+    );
+    assert_eq!(
+        claims[0].record.lease_token, 3,
+        "tokens go on from the file's"
+    );
+    drop(store);
+    let version: i32 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 2);
+    // Opened again: nothing to do, nothing lost.
+    let store = EmbeddedStore::open(&path, Duration::from_secs(5)).unwrap();
+    assert!(store.lookup("c", "unresolved").await.unwrap().is_some());
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use idemproxy::store::{
-    AnyStore, Completion, Fence, Fenced, KeyId, KeyRecord, KeyStore, Lease, PoolStatus,
+    AnyStore, Claim, Completion, Fence, Fenced, KeyId, KeyRecord, KeyStore, Lease, PoolStatus,
     Reservation, ReserveRequest, StoreError, StoredResponse, Write, WriteBatch, Written,
 };
 use support::*;
@@ -103,6 +103,25 @@ impl KeyStore for Store {
         batch: i64,
     ) -> Result<Vec<KeyRecord>, StoreError> {
         self.inner.sweep_unresolved(unresolved_for, batch).await
+    }
+    async fn claim_unresolved(
+        &self,
+        routes: &[&str],
+        lease: Duration,
+        limit: i64,
+    ) -> Result<Vec<Claim>, StoreError> {
+        self.inner.claim_unresolved(routes, lease, limit).await
+    }
+    async fn defer(
+        &self,
+        fence: &Fence,
+        unresolved_since_ms: i64,
+        retry_in: Duration,
+    ) -> Result<Fenced, StoreError> {
+        self.inner.defer(fence, unresolved_since_ms, retry_in).await
+    }
+    async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.inner.unresolved_counts().await
     }
     fn subscribe(&self, id: KeyId) -> Arc<Notify> {
         self.inner.subscribe(id)
@@ -201,6 +220,13 @@ fn answer(body: &str) -> Completion {
         headers: "content-type: application/json\r\n".into(),
         body: body.to_owned().into(),
     })
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
 }
 
 /// Let a 1 ms lease or retention run out (the clock is the store's).
@@ -517,7 +543,201 @@ async fn stuck_and_evict(db: Subject) {
     assert_eq!((again.attempts, again.takeover), (1, false));
 }
 
+/// A key reserved on `route` with a 1 ms lease, left unresolved.
+async fn unresolved_on<S: KeyStore>(store: &S, key: &str, route: &str) -> Lease {
+    let request = ReserveRequest {
+        route,
+        ..req(key, &FP, TINY, DAY)
+    };
+    match store.reserve(&request).await.unwrap() {
+        Reservation::Reserved(lease) => lease,
+        other => panic!("expected a reservation, got {other:?}"),
+    }
+}
+
+fn claim_fence(claim: &Claim) -> Fence {
+    Fence {
+        client_id: claim.record.client_id.clone(),
+        key: claim.record.key.clone(),
+        token: claim.record.lease_token,
+        notify: false,
+        retention: DAY,
+    }
+}
+
+/// The reconciler claims the unresolved keys of the routes it names, and only those: each
+/// under a fresh token and a live lease, so that a second claim and a client retry see a
+/// key in progress; the claim's fence completes it. The gauge counts unresolved keys per
+/// route, and a claimed key is not unresolved while claimed.
+async fn reconciler_claims_unresolved_keys(db: Subject) {
+    let store = db.store();
+    let first = unresolved_on(&store, "a", "probed").await;
+    unresolved_on(&store, "b", "probed").await;
+    unresolved_on(&store, "c", "other").await;
+    reserved(&store, "live", LONG, DAY).await;
+    let done = reserved(&store, "done", TINY, DAY).await;
+    store
+        .complete(&fence("done", &done), &answer("{}"))
+        .await
+        .unwrap();
+    expire().await;
+    let mut counts = store.unresolved_counts().await.unwrap();
+    counts.sort();
+    assert_eq!(counts, [("other".into(), 1), ("probed".into(), 2)]);
+
+    let claims = store.claim_unresolved(&["probed"], LONG, 10).await.unwrap();
+    let mut keys: Vec<&str> = claims.iter().map(|c| c.record.key.as_str()).collect();
+    keys.sort();
+    assert_eq!(keys, ["a", "b"]);
+    let a = claims.iter().find(|c| c.record.key == "a").unwrap();
+    assert_ne!(a.record.lease_token, first.token);
+    assert_eq!(
+        (a.record.status.as_str(), a.record.attempts),
+        ("in_progress", 1)
+    );
+    assert!(a.record.lease_remaining_ms.unwrap() > 0);
+    assert!(a.unresolved_since_ms <= now_ms());
+    assert_eq!(
+        store.unresolved_counts().await.unwrap(),
+        [("other".into(), 1)]
+    );
+    assert!(
+        store
+            .claim_unresolved(&["probed", "other"], LONG, 10)
+            .await
+            .unwrap()
+            .iter()
+            .all(|c| c.record.key == "c")
+    );
+    assert!(matches!(
+        store.reserve(&req("a", &FP, LONG, DAY)).await.unwrap(),
+        Reservation::InProgress { .. }
+    ));
+    // The first owner is fenced off; the claim's fence is the one that holds.
+    assert_eq!(
+        store
+            .complete(&fence("a", &first), &answer("stale"))
+            .await
+            .unwrap(),
+        Fenced::Refused
+    );
+    assert_eq!(
+        store
+            .complete(&claim_fence(a), &answer("found"))
+            .await
+            .unwrap(),
+        Fenced::Applied
+    );
+    assert!(matches!(
+        store.reserve(&req("a", &FP, LONG, DAY)).await.unwrap(),
+        Reservation::Done(_)
+    ));
+}
+
+/// An inconclusive probe gives the key back unresolved, as long unresolved as before, with
+/// one more probe counted: the reconciler leaves it alone until its backoff has passed,
+/// while a client retry may take it over at once. A stale claim cannot give it back.
+async fn deferred_keys_wait_out_their_backoff(db: Subject) {
+    let store = db.store();
+    unresolved_on(&store, "k", "probed").await;
+    expire().await;
+    let claim = store
+        .claim_unresolved(&["probed"], LONG, 10)
+        .await
+        .unwrap()
+        .remove(0);
+    let backoff = Duration::from_millis(400);
+    assert_eq!(
+        store
+            .defer(&claim_fence(&claim), claim.unresolved_since_ms, backoff)
+            .await
+            .unwrap(),
+        Fenced::Applied
+    );
+    let row = store.lookup("client", "k").await.unwrap().unwrap();
+    assert_eq!(row.probes, 1);
+    assert!(row.lease_remaining_ms.unwrap() < 0);
+    assert!(row.probe_after_ms.unwrap() > now_ms());
+    assert_eq!(
+        store.unresolved_counts().await.unwrap(),
+        [("probed".into(), 1)]
+    );
+    assert!(
+        store
+            .claim_unresolved(&["probed"], LONG, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    tokio::time::sleep(backoff + Duration::from_millis(50)).await;
+    let again = store
+        .claim_unresolved(&["probed"], LONG, 10)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(again.record.probes, 1);
+    assert!(again.unresolved_since_ms <= claim.unresolved_since_ms + 1);
+    // The earlier claim's token is stale now.
+    assert_eq!(
+        store
+            .defer(&claim_fence(&claim), claim.unresolved_since_ms, backoff)
+            .await
+            .unwrap(),
+        Fenced::Refused
+    );
+    store
+        .defer(&claim_fence(&again), again.unresolved_since_ms, DAY)
+        .await
+        .unwrap();
+    // Waiting out a backoff is the reconciler's business: a client retry takes over.
+    let taken = reserved(&store, "k", LONG, DAY).await;
+    assert!(taken.takeover);
+}
+
+/// Reconcilers claiming at once, and client retries taking over at the same moment: every
+/// key goes to exactly one of them.
+async fn concurrent_claims_and_takeovers_split_the_keys(db: Subject) {
+    let store = db.store();
+    let keys: Vec<String> = (0..24).map(|i| format!("k{i}")).collect();
+    for key in &keys {
+        unresolved_on(&store, key, "probed").await;
+    }
+    expire().await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..3 {
+        let store = db.store();
+        tasks.spawn(async move {
+            let claims = store
+                .claim_unresolved(&["probed"], LONG, 100)
+                .await
+                .unwrap();
+            claims.into_iter().map(|c| c.record.key).collect::<Vec<_>>()
+        });
+    }
+    for key in keys.iter().step_by(2).cloned() {
+        let store = db.store();
+        tasks.spawn(async move {
+            match store.reserve(&req(&key, &FP, LONG, DAY)).await.unwrap() {
+                Reservation::Reserved(lease) => {
+                    assert!(lease.takeover);
+                    vec![key]
+                }
+                Reservation::InProgress { .. } => vec![],
+                other => panic!("{other:?}"),
+            }
+        });
+    }
+    let mut owners: Vec<String> = tasks.join_all().await.into_iter().flatten().collect();
+    owners.sort();
+    let mut expected = keys.clone();
+    expected.sort();
+    assert_eq!(owners, expected, "each key exactly once");
+}
+
 conformance!(
+    reconciler_claims_unresolved_keys,
+    deferred_keys_wait_out_their_backoff,
+    concurrent_claims_and_takeovers_split_the_keys,
     reserve_conflict_mismatch,
     unresolved_is_reported_not_taken_over,
     complete_then_replay,

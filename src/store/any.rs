@@ -112,6 +112,28 @@ impl KeyStore for AnyStore {
         delegate!(self, s => s.sweep_unresolved(unresolved_for, batch).await)
     }
 
+    async fn claim_unresolved(
+        &self,
+        routes: &[&str],
+        lease: Duration,
+        limit: i64,
+    ) -> Result<Vec<Claim>, StoreError> {
+        delegate!(self, s => s.claim_unresolved(routes, lease, limit).await)
+    }
+
+    async fn defer(
+        &self,
+        fence: &Fence,
+        unresolved_since_ms: i64,
+        retry_in: Duration,
+    ) -> Result<Fenced, StoreError> {
+        delegate!(self, s => s.defer(fence, unresolved_since_ms, retry_in).await)
+    }
+
+    async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        delegate!(self, s => s.unresolved_counts().await)
+    }
+
     fn pool_status(&self) -> Option<PoolStatus> {
         delegate!(self, s => s.pool_status())
     }

@@ -25,7 +25,7 @@ use super::group_commit::{GroupCommit, Write, WriteBatch, Written};
 use super::replay_cache::{ReplayCache, reserve_through};
 use super::types::*;
 
-const SCHEMA_VERSION: i32 = 1;
+const SCHEMA_VERSION: i32 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idempotency_keys (
@@ -50,6 +50,15 @@ CREATE INDEX IF NOT EXISTS idempotency_keys_expires ON idempotency_keys (expires
 -- Lease tokens are never reused, even after a key is released and reserved again.
 CREATE TABLE IF NOT EXISTS idempotency_counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO idempotency_counters (name, value) VALUES ('lease_token', 0);
+";
+
+/// Version 2: the reconciler's bookkeeping (inconclusive probes, backoff) and the keys in
+/// progress by lease end, so that unresolved keys are found without a table scan.
+const SCHEMA_2: &str = "
+ALTER TABLE idempotency_keys ADD COLUMN probes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE idempotency_keys ADD COLUMN probe_after_ms INTEGER;
+CREATE INDEX idempotency_keys_unresolved ON idempotency_keys (locked_until_ms)
+    WHERE status = 'in_progress';
 ";
 
 /// SQLite-backed [`KeyStore`] for a single instance.
@@ -151,8 +160,17 @@ impl EmbeddedStore {
                 path.display()
             )));
         }
-        conn.execute_batch(SCHEMA)?;
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+        // Each step and its version in one transaction: a crash leaves one or the other.
+        if version < 1 {
+            conn.execute_batch(&format!(
+                "BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = 1; COMMIT;"
+            ))?;
+        }
+        if version < 2 {
+            conn.execute_batch(&format!(
+                "BEGIN IMMEDIATE; {SCHEMA_2} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            ))?;
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 conn: Mutex::new(conn),
@@ -338,6 +356,28 @@ impl KeyStore for EmbeddedStore {
         batch: i64,
     ) -> Result<Vec<KeyRecord>, StoreError> {
         self.delete_unresolved(unresolved_for, batch).await
+    }
+
+    async fn claim_unresolved(
+        &self,
+        routes: &[&str],
+        lease: Duration,
+        limit: i64,
+    ) -> Result<Vec<Claim>, StoreError> {
+        self.claim(routes, lease, limit).await
+    }
+
+    async fn defer(
+        &self,
+        fence: &Fence,
+        unresolved_since_ms: i64,
+        retry_in: Duration,
+    ) -> Result<Fenced, StoreError> {
+        self.give_back(fence, unresolved_since_ms, retry_in).await
+    }
+
+    async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.count_unresolved().await
     }
 
     fn replay_cache(&self) -> Option<CacheStatus> {

@@ -97,7 +97,7 @@ fn fenced(rows: usize) -> Fenced {
     }
 }
 
-fn next_token(conn: &Connection) -> Result<i64, StoreError> {
+pub(super) fn next_token(conn: &Connection) -> Result<i64, StoreError> {
     Ok(conn
         .prepare_cached(
             "UPDATE idempotency_counters SET value = value + 1 WHERE name = 'lease_token' RETURNING value",
@@ -228,7 +228,7 @@ pub(super) fn millis(d: Duration) -> i64 {
 
 /// The columns [`record`] reads, in its order.
 pub(super) const RECORD_COLUMNS: &str = "client_id, key, route, status, fingerprint, lease_token, locked_until_ms, attempts, \
-     response_status, length(response_body), replayable, created_ms, completed_ms, expires_ms";
+     response_status, length(response_body), replayable, created_ms, completed_ms, expires_ms, probes, probe_after_ms";
 
 /// A row as operators see it.
 pub(super) fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRecord> {
@@ -254,6 +254,8 @@ pub(super) fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRecord> {
         created_at_ms: r.get(11)?,
         completed_at_ms: r.get(12)?,
         expires_at_ms: r.get(13)?,
+        probes: r.get(14)?,
+        probe_after_ms: r.get(15)?,
     })
 }
 

@@ -1,74 +1,227 @@
 //! Schema migrations from `migrations/`, applied by `idemproxy migrate` (or `--migrate`).
 //!
-//! Applied in one transaction under an advisory lock, so several replicas starting at once
-//! with `--migrate` apply each migration exactly once.
+//! Ordinary migrations are applied in one transaction under an advisory lock, so several
+//! replicas starting at once with `--migrate` apply each exactly once. An index on the key
+//! table is built `CONCURRENTLY` instead, outside a transaction, so that a large table
+//! keeps taking writes meanwhile; its version is recorded only once the index is valid,
+//! and a build that died half way (an invalid index nobody is building) is started again.
+
+use std::time::Duration;
 
 use tokio_postgres::Client;
 use tokio_postgres::types::Type;
 
 use super::StoreError;
 
-/// The migrations in order: (version, name, SQL).
-pub const MIGRATIONS: &[(i32, &str, &str)] = &[
-    (
+/// One migration.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    pub version: i32,
+    pub name: &'static str,
+    pub sql: &'static str,
+    /// `Some(index name)`: the statement builds that index `CONCURRENTLY` (no transaction).
+    pub concurrent_index: Option<&'static str>,
+}
+
+const fn plain(version: i32, name: &'static str, sql: &'static str) -> Migration {
+    Migration {
+        version,
+        name,
+        sql,
+        concurrent_index: None,
+    }
+}
+
+/// The migrations in order.
+pub const MIGRATIONS: &[Migration] = &[
+    plain(
         1,
         "idempotency_keys",
         include_str!("../../migrations/0001_idempotency_keys.sql"),
     ),
-    (
+    plain(
         2,
         "reserve_reads_first",
         include_str!("../../migrations/0002_reserve_reads_first.sql"),
     ),
-    (
+    plain(
         3,
         "group_commit",
         include_str!("../../migrations/0003_group_commit.sql"),
     ),
+    plain(
+        4,
+        "reconcile",
+        include_str!("../../migrations/0004_reconcile.sql"),
+    ),
+    Migration {
+        version: 5,
+        name: "unresolved_index",
+        sql: include_str!("../../migrations/0005_unresolved_index.sql"),
+        concurrent_index: Some("idempotency_keys_unresolved"),
+    },
 ];
 
 /// The schema version this binary needs: the last migration's.
-pub const LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
+pub const LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
 
 /// An arbitrary constant shared by every idemproxy process ("idem" in ASCII).
 const MIGRATION_LOCK: i64 = 0x6964_656d;
 
+/// How often a migrator waiting for another's index build looks again.
+const BUILD_POLL: Duration = Duration::from_millis(200);
+
 /// Applies every migration not yet applied; returns the versions it applied.
 pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, StoreError> {
+    let mut applied = Vec::new();
+    // In order: ordinary migrations up to the next index build in one transaction, then
+    // the build, and so on.
+    let mut rest = MIGRATIONS;
+    while !rest.is_empty() {
+        let plain = rest
+            .iter()
+            .position(|m| m.concurrent_index.is_some())
+            .unwrap_or(rest.len());
+        let (now, later) = rest.split_at(plain);
+        applied.extend(apply_in_transaction(client, now).await?);
+        if let Some((index, after)) = later.split_first() {
+            if build_index(client, index).await? {
+                applied.push(index.version);
+            }
+            rest = after;
+        } else {
+            rest = later;
+        }
+    }
+    Ok(applied)
+}
+
+/// Applies those of `migrations` not yet applied, in one transaction.
+async fn apply_in_transaction(
+    client: &mut Client,
+    migrations: &[Migration],
+) -> Result<Vec<i32>, StoreError> {
     // Simple or unnamed typed statements only: a named prepared statement would be left on
     // a pooler's server connection (and collide with another client's of the same name).
     let tx = client.transaction().await?;
     tx.batch_execute(&format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
         .await?;
-    tx.batch_execute(
-        "CREATE TABLE IF NOT EXISTS idemproxy_migrations (
-             version    integer PRIMARY KEY,
-             name       text NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now()
-         )",
-    )
-    .await?;
-    let done: Vec<i32> = tx
+    create_version_table(&tx).await?;
+    let done = applied_versions(&tx).await?;
+    let mut applied = Vec::new();
+    for m in migrations {
+        if done.contains(&m.version) {
+            continue;
+        }
+        tx.batch_execute(m.sql).await?;
+        record(&tx, m).await?;
+        applied.push(m.version);
+    }
+    tx.commit().await?;
+    Ok(applied)
+}
+
+/// Builds one index `CONCURRENTLY` unless recorded; whether this call recorded it. Safe
+/// from several migrators at once without a session lock (which a transaction pooler
+/// would leave behind on a server connection): each looks at the index's state and either
+/// builds it, waits for the build in progress, or drops an invalid one nobody builds.
+async fn build_index(client: &mut Client, m: &Migration) -> Result<bool, StoreError> {
+    let Some(name) = m.concurrent_index else {
+        return Ok(false);
+    };
+    create_version_table(client).await?;
+    loop {
+        if applied_versions(client).await?.contains(&m.version) {
+            return Ok(false);
+        }
+        match index_state(client, name).await? {
+            IndexState::Valid => {
+                let recorded = record(client, m).await? > 0;
+                return Ok(recorded);
+            }
+            IndexState::Building => tokio::time::sleep(BUILD_POLL).await,
+            IndexState::Invalid => {
+                client
+                    .batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {name}"))
+                    .await?;
+            }
+            IndexState::Missing => {
+                if let Err(e) = client.batch_execute(m.sql).await {
+                    // Another migrator created it a moment before: look again.
+                    if index_state(client, name).await? == IndexState::Missing {
+                        return Err(e.into());
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum IndexState {
+    Missing,
+    /// Present, not valid yet, and a `CREATE INDEX` is working on it.
+    Building,
+    /// Present, not valid, nobody building it: what a failed concurrent build leaves.
+    Invalid,
+    Valid,
+}
+
+async fn index_state(client: &Client, name: &str) -> Result<IndexState, StoreError> {
+    let rows = client
+        .query_typed(
+            "SELECT i.indisvalid, EXISTS ( \
+               SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = i.indexrelid) \
+             FROM pg_index i WHERE i.indexrelid = to_regclass($1)",
+            &[(&name, Type::TEXT)],
+        )
+        .await?;
+    Ok(match rows.first() {
+        None => IndexState::Missing,
+        Some(row) if row.try_get::<_, bool>(0)? => IndexState::Valid,
+        Some(row) if row.try_get::<_, bool>(1)? => IndexState::Building,
+        Some(_) => IndexState::Invalid,
+    })
+}
+
+async fn create_version_table(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<(), StoreError> {
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS idemproxy_migrations (
+                 version    integer PRIMARY KEY,
+                 name       text NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now()
+             )",
+        )
+        .await?;
+    Ok(())
+}
+
+async fn applied_versions(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<Vec<i32>, StoreError> {
+    Ok(client
         .query_typed("SELECT version FROM idemproxy_migrations", &[])
         .await?
         .iter()
         .map(|row| row.get(0))
-        .collect();
-    let mut applied = Vec::new();
-    for (version, name, sql) in MIGRATIONS {
-        if done.contains(version) {
-            continue;
-        }
-        tx.batch_execute(sql).await?;
-        tx.execute_typed(
-            "INSERT INTO idemproxy_migrations (version, name) VALUES ($1, $2)",
-            &[(version, Type::INT4), (name, Type::TEXT)],
+        .collect())
+}
+
+/// Records a migration as applied; how many rows that added (0: someone else did).
+async fn record(
+    client: &impl tokio_postgres::GenericClient,
+    m: &Migration,
+) -> Result<u64, StoreError> {
+    Ok(client
+        .execute_typed(
+            "INSERT INTO idemproxy_migrations (version, name) VALUES ($1, $2) \
+             ON CONFLICT (version) DO NOTHING",
+            &[(&m.version, Type::INT4), (&m.name, Type::TEXT)],
         )
-        .await?;
-        applied.push(*version);
-    }
-    tx.commit().await?;
-    Ok(applied)
+        .await?)
 }
 
 impl super::PgStore {

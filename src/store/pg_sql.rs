@@ -33,7 +33,8 @@ pub(super) const RELEASE: &str = "WITH gone AS ( \
 pub(super) const RECORD_COLUMNS: &str = "client_id, key, route, status, fingerprint, lease_token, \
      (extract(epoch FROM locked_until - now()) * 1000)::int8, attempts, response_status, \
      length(response_body)::int8, replayable, (extract(epoch FROM created_at) * 1000)::int8, \
-     (extract(epoch FROM completed_at) * 1000)::int8, (extract(epoch FROM expires_at) * 1000)::int8";
+     (extract(epoch FROM completed_at) * 1000)::int8, (extract(epoch FROM expires_at) * 1000)::int8, \
+     probes, (extract(epoch FROM probe_after) * 1000)::int8";
 
 /// An eviction tells every replica's replay cache (`$3`: the key's id) in the same round
 /// trip.
@@ -134,5 +135,7 @@ pub(super) fn record(r: &tokio_postgres::Row) -> Result<KeyRecord, StoreError> {
         created_at_ms: r.try_get(11)?,
         completed_at_ms: r.try_get(12)?,
         expires_at_ms: r.try_get(13)?,
+        probes: r.try_get(14)?,
+        probe_after_ms: r.try_get(15)?,
     })
 }

@@ -358,6 +358,28 @@ impl KeyStore for PgStore {
         })
     }
 
+    async fn claim_unresolved(
+        &self,
+        routes: &[&str],
+        lease: Duration,
+        limit: i64,
+    ) -> Result<Vec<Claim>, StoreError> {
+        self.claim(routes, lease, limit).await
+    }
+
+    async fn defer(
+        &self,
+        fence: &Fence,
+        unresolved_since_ms: i64,
+        retry_in: Duration,
+    ) -> Result<Fenced, StoreError> {
+        self.give_back(fence, unresolved_since_ms, retry_in).await
+    }
+
+    async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.count_unresolved().await
+    }
+
     fn replay_cache(&self) -> Option<CacheStatus> {
         self.cache.as_ref().map(|c| c.status())
     }

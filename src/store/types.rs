@@ -143,6 +143,20 @@ pub struct KeyRecord {
     pub created_at_ms: i64,
     pub completed_at_ms: Option<i64>,
     pub expires_at_ms: i64,
+    /// Times the reconciler asked the recovery probe without a conclusive answer.
+    pub probes: i32,
+    /// Unix milliseconds before which the reconciler leaves the key alone (its backoff).
+    pub probe_after_ms: Option<i64>,
+}
+
+/// An unresolved key the reconciler took over to ask the recovery probe about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The row as it now is: in progress under a fresh lease token and a live lease.
+    pub record: KeyRecord,
+    /// When its lease had run out (Unix milliseconds): given back on an inconclusive
+    /// probe, so that the time unresolved keeps counting (`sweep.unresolved_retention`).
+    pub unresolved_since_ms: i64,
 }
 
 /// The key table. Implemented by PostgreSQL (shared by replicas) and the embedded store.
@@ -202,6 +216,33 @@ pub trait KeyStore: Send + Sync + 'static {
         unresolved_for: Duration,
         batch: i64,
     ) -> impl Future<Output = Result<Vec<KeyRecord>, StoreError>> + Send;
+
+    /// Takes over up to `limit` unresolved keys of `routes` that are due for the
+    /// reconciler (no backoff pending), longest unresolved first, each under a fresh lease
+    /// token with a lease of `lease`: from then on a client retry gets `409` (or waits) and
+    /// another replica's reconciler skips it, exactly as for any live lease. Safe from
+    /// several replicas at once: each key is claimed by one.
+    fn claim_unresolved(
+        &self,
+        routes: &[&str],
+        lease: Duration,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send;
+
+    /// Gives a claimed key back unresolved after an inconclusive probe, if we still hold
+    /// it: its lease as it had run out (`unresolved_since_ms`), one more probe counted, and
+    /// the reconciler's next look not before `retry_in` from now.
+    fn defer(
+        &self,
+        fence: &Fence,
+        unresolved_since_ms: i64,
+        retry_in: Duration,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// How many keys are unresolved, per route (routes with none are left out).
+    fn unresolved_counts(
+        &self,
+    ) -> impl Future<Output = Result<Vec<(String, u64)>, StoreError>> + Send;
 
     /// A notifier woken when `id` is completed or released (by any replica).
     fn subscribe(&self, id: KeyId) -> Arc<Notify>;
