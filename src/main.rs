@@ -265,6 +265,23 @@ async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> 
         config.unresolved_retention,
         Arc::clone(proxy.metrics()),
     ));
+    let counter = {
+        let proxy = proxy.clone();
+        tokio::spawn(async move {
+            proxy
+                .run_unresolved_count(idemproxy::proxy::UNRESOLVED_COUNT_INTERVAL)
+                .await
+        })
+    };
+    let reconciler = config.reconcile.map(|r| {
+        tracing::info!(
+            interval = %config::units::format_duration(r.interval),
+            batch = r.batch,
+            "reconciler on: unresolved keys of routes with a recovery_probe are settled by asking it"
+        );
+        let proxy = proxy.clone();
+        tokio::spawn(async move { proxy.run_reconciler(r).await })
+    });
     let tasks = proxy.tasks().clone();
     let shutdown = async move {
         idemproxy::shutdown::signal().await;
@@ -283,6 +300,10 @@ async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> 
             .await
             .context("starting the server threads");
     sweeper.abort();
+    counter.abort();
+    if let Some(reconciler) = reconciler {
+        reconciler.abort();
+    }
     drop(stop);
     let _ = admin.await;
     if !drained? {

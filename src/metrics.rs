@@ -86,6 +86,14 @@ pub struct Metrics {
     pub sweep_errors: Counter,
     /// Unresolved keys deleted by `sweep.unresolved_retention`.
     pub unresolved_swept: Counter,
+    /// Unresolved keys (in progress, lease run out) per route, as last counted.
+    pub unresolved_keys: Family<RouteLabel, Gauge>,
+    /// Routes `unresolved_keys` has shown, so that one whose keys were all resolved
+    /// drops to 0 instead of keeping its last count.
+    unresolved_routes: std::sync::Mutex<Vec<Arc<str>>>,
+    /// What the reconciler's probes said, by route and outcome (`found`, `not_found`,
+    /// `inconclusive`).
+    pub reconciled: Family<RouteOutcome, Counter>,
     /// Client connections being served.
     pub connections_open: Gauge,
     /// Client connections that ended in an error, by kind (`header_timeout`,
@@ -141,6 +149,9 @@ impl Metrics {
             swept_rows: Counter::default(),
             sweep_errors: Counter::default(),
             unresolved_swept: Counter::default(),
+            unresolved_keys: Family::default(),
+            unresolved_routes: Default::default(),
+            reconciled: Family::default(),
             connections_open: Gauge::default(),
             connection_errors: Family::default(),
             pool_size: Gauge::default(),
@@ -222,6 +233,16 @@ impl Metrics {
             m.unresolved_swept.clone(),
         );
         registry.register(
+            "unresolved_keys",
+            "Keys whose outcome is unknown (in progress, lease run out), per route",
+            m.unresolved_keys.clone(),
+        );
+        registry.register(
+            "reconciled",
+            "Unresolved keys the reconciler asked the recovery probe about, by what it said",
+            m.reconciled.clone(),
+        );
+        registry.register(
             "connection_errors",
             "Client connections that ended in an error, by kind",
             m.connection_errors.clone(),
@@ -269,6 +290,35 @@ impl Metrics {
             .swap(status.hits, Ordering::Relaxed);
         self.replay_cache_hits
             .inc_by(status.hits.saturating_sub(seen));
+    }
+
+    /// Sets the unresolved-keys gauge from a count of the store: `routes` (the
+    /// configured ones) and every route shown before are reported, 0 where none is left.
+    pub fn observe_unresolved(&self, routes: &[Arc<str>], counts: &[(String, u64)]) {
+        let Ok(mut shown) = self.unresolved_routes.lock() else {
+            return;
+        };
+        for route in routes {
+            if !shown.contains(route) {
+                shown.push(Arc::clone(route));
+            }
+        }
+        for (route, _) in counts {
+            if !shown.iter().any(|r| **r == **route) && shown.len() < MAX_CACHED_SERIES {
+                shown.push(Arc::from(route.as_str()));
+            }
+        }
+        for route in shown.iter() {
+            let n = counts
+                .iter()
+                .find(|(r, _)| **r == **route)
+                .map_or(0, |(_, n)| *n);
+            self.unresolved_keys
+                .get_or_create(&RouteLabel {
+                    route: RouteName(Arc::clone(route)),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     /// Counts one request and its latency.

@@ -6,13 +6,12 @@ mod support;
 
 use std::time::Duration;
 
-use idemproxy::fingerprint::{self, fingerprint};
 use idemproxy::store::{
     Completion, Fence, Fenced, KeyStore, Reservation, ReserveRequest, StoredResponse, key_id,
 };
 use support::*;
 
-const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpose":"order-1"}"#;
+const BODY: &str = PAYMENT_BODY;
 
 fn waiting(limit: &str) -> String {
     PAYMENTS.replace(
@@ -120,40 +119,6 @@ async fn completion_notifies_other_replicas() {
         woken.is_ok(),
         "the waiter on the other instance was notified"
     );
-}
-
-fn payment_fingerprint() -> fingerprint::Fingerprint {
-    let fields: Vec<String> = ["/amount", "/currency", "/recipient", "/purpose"]
-        .map(String::from)
-        .to_vec();
-    fingerprint(&fingerprint::Request {
-        method: "POST",
-        path: "/payments",
-        query: None,
-        content_type: Some(b"application/json"),
-        body: BODY.as_bytes(),
-        fields: Some(&fields),
-    })
-    .unwrap()
-}
-
-/// Simulates a crashed worker: the key is reserved with a lease that runs out at once.
-async fn crashed_reservation(db: &Backend, client_id: &str, key: &str) {
-    let fp = payment_fingerprint();
-    let req = ReserveRequest {
-        client_id,
-        key,
-        fingerprint: &fp,
-        route: "create-payment",
-        lease: Duration::from_millis(1),
-        retention: Duration::from_secs(3600),
-        takeover: true,
-    };
-    assert!(matches!(
-        db.store().reserve(&req).await.unwrap(),
-        Reservation::Reserved(_)
-    ));
-    tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
 fn probing() -> String {

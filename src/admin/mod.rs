@@ -7,7 +7,8 @@
 //! - `GET /metrics` — Prometheus / OpenMetrics text.
 //! - `GET /admin/keys/{client_id}/{key}` — where a key stands.
 //! - `DELETE /admin/keys/{client_id}/{key}` — evict it (the next request executes afresh).
-//! - `GET /admin/stuck?limit=N` — in-progress keys whose lease ran out.
+//! - `GET /admin/stuck?limit=N` — in-progress keys whose lease ran out, each marked with
+//!   whether the reconciler settles it by itself.
 //! - `POST /admin/keys/{client_id}/{key}/resolve` — settle an unresolved key with an
 //!   answer or a release (see `resolve`).
 //!
@@ -194,7 +195,7 @@ async fn admin<S: KeyStore>(
         return match store.stuck(limit).await {
             Ok(rows) => json(
                 StatusCode::OK,
-                &serde_json::json!({ "keys": rows.iter().map(KeyView::from).collect::<Vec<_>>() }),
+                &serde_json::json!({ "keys": rows.iter().map(|r| KeyView::new(r, reconciled(proxy, r))).collect::<Vec<_>>() }),
             ),
             Err(e) => store_failed(&e),
         };
@@ -226,7 +227,10 @@ async fn admin<S: KeyStore>(
     };
     match *method {
         Method::GET => match store.lookup(&client, &key).await {
-            Ok(Some(record)) => json(StatusCode::OK, &KeyView::from(&record)),
+            Ok(Some(record)) => json(
+                StatusCode::OK,
+                &KeyView::new(&record, reconciled(proxy, &record)),
+            ),
             Ok(None) => problem(
                 StatusCode::NOT_FOUND,
                 "no-such-key",
@@ -331,4 +335,15 @@ fn problem(
         "application/problem+json",
         serde_json::to_vec(&body).unwrap_or_default(),
     )
+}
+
+/// Whether the reconciler is on and the key's route has a recovery probe to ask.
+fn reconciled<S: KeyStore>(proxy: &Proxy<S>, record: &crate::store::KeyRecord) -> bool {
+    let config = proxy.config();
+    config.reconcile.is_some()
+        && config
+            .routes
+            .routes()
+            .iter()
+            .any(|r| *r.name == record.route && r.policy.recovery_probe.is_some())
 }

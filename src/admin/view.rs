@@ -23,6 +23,25 @@ pub(super) struct KeyView<'a> {
     created_at: String,
     completed_at: Option<String>,
     expires_at: String,
+    /// Inconclusive reconciler probes so far, and when the reconciler may ask again.
+    probes: i32,
+    next_probe_at: Option<String>,
+    /// Whether a reconciler settles this key by itself: it is unresolved, its route has a
+    /// `recovery_probe` and `reconcile` is on. Otherwise only a client retry (takeover)
+    /// or an operator (`resolve`, `DELETE`) ends it.
+    reconciler: bool,
+}
+
+impl<'a> KeyView<'a> {
+    /// The row, marked with whether a reconciler will handle it (`probed`: its route has a
+    /// recovery probe and the reconciler is on).
+    pub fn new(r: &'a KeyRecord, probed: bool) -> Self {
+        let unresolved = r.status == "in_progress" && r.lease_remaining_ms.is_some_and(|ms| ms < 0);
+        KeyView {
+            reconciler: probed && unresolved,
+            ..KeyView::from(r)
+        }
+    }
 }
 
 impl<'a> From<&'a KeyRecord> for KeyView<'a> {
@@ -43,6 +62,9 @@ impl<'a> From<&'a KeyRecord> for KeyView<'a> {
             created_at: rfc3339(r.created_at_ms),
             completed_at: r.completed_at_ms.map(rfc3339),
             expires_at: rfc3339(r.expires_at_ms),
+            probes: r.probes,
+            next_probe_at: r.probe_after_ms.map(rfc3339),
+            reconciler: false,
         }
     }
 }

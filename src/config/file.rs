@@ -21,6 +21,7 @@ pub struct FileConfig {
     pub shutdown_grace: Option<HumanDuration>,
     pub admin_token: Option<String>,
     pub sweep: Option<FileSweep>,
+    pub reconcile: Option<FileReconcile>,
     pub limits: Option<FileLimits>,
     pub tls: Option<FileListenerTls>,
 }
@@ -43,6 +44,14 @@ pub struct FileSweep {
     pub batch: Option<i64>,
     /// How long an unresolved key is kept after its lease ran out; absent: until resolved.
     pub unresolved_retention: Option<HumanDuration>,
+}
+
+/// `reconcile:` — the background reconciler of unresolved keys; off when absent.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileReconcile {
+    pub interval: Option<HumanDuration>,
+    pub batch: Option<i64>,
 }
 
 /// `upstream:`

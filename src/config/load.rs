@@ -70,7 +70,10 @@ pub fn load_store(path: Option<&Path>, overrides: &Overrides) -> Result<StoreCon
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{ClientIdSource, OnConflict, StoreConfig};
+    use crate::config::{
+        ClientIdSource, DEFAULT_RECONCILE_BATCH, DEFAULT_RECONCILE_INTERVAL, OnConflict, Reconcile,
+        StoreConfig,
+    };
 
     const UP: &str = "upstream:\n  url: http://127.0.0.1:3000\n";
 
@@ -236,6 +239,46 @@ routes:
             "{w}"
         );
         assert!(c.to_string().contains("# warning: routes[1]"));
+    }
+
+    /// The reconciler can only ask a recovery probe: turned on with none configured it is
+    /// refused; with one it takes its defaults, and the printed configuration shows them.
+    #[test]
+    fn reconcile_needs_a_probe() {
+        let e = err(&format!("{UP}reconcile: {{}}\n"));
+        assert!(
+            e.contains("reconcile:") && e.contains("recovery_probe"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{UP}defaults:\n  recovery_probe:\n    path: \"/p/{{key}}\"\nreconcile:\n  interval: 0s\n  batch: 0\n"
+        ));
+        assert!(
+            e.contains("reconcile.interval") && e.contains("reconcile.batch"),
+            "{e}"
+        );
+        let c = load_str(
+            &format!(
+                "{UP}defaults:\n  recovery_probe:\n    path: \"/p/{{key}}\"\nreconcile: {{}}\n"
+            ),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.reconcile,
+            Some(Reconcile {
+                interval: DEFAULT_RECONCILE_INTERVAL,
+                batch: DEFAULT_RECONCILE_BATCH
+            })
+        );
+        assert!(
+            c.to_string()
+                .contains("reconcile:\n  interval: 30s\n  batch: 50\n"),
+            "{c}"
+        );
+        let off = load_str(UP, &Overrides::default()).unwrap();
+        assert_eq!(off.reconcile, None);
+        assert!(off.to_string().contains("# reconcile: off"));
     }
 
     /// Durations must carry a unit.

@@ -46,6 +46,10 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 /// Rows per sweep statement.
 pub const DEFAULT_SWEEP_BATCH: i64 = 500;
+/// How often the reconciler looks for unresolved keys.
+pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(30);
+/// Unresolved keys the reconciler takes per pass, per replica.
+pub const DEFAULT_RECONCILE_BATCH: i64 = 50;
 /// Connections served at once.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// Time to send a request head.
@@ -102,10 +106,20 @@ pub struct Config {
     /// Unresolved keys (in progress, lease run out) are deleted this long after their
     /// lease ran out; `None` (the default): never, they wait to be resolved.
     pub unresolved_retention: Option<std::time::Duration>,
+    /// The reconciler of unresolved keys (`reconcile:`); `None`: off.
+    pub reconcile: Option<Reconcile>,
     /// What one client may cost the proxy.
     pub limits: Limits,
     /// TLS on the listener, when configured.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// The reconciler: every `interval`, up to `batch` unresolved keys of routes with a
+/// `recovery_probe` are taken over and the probe asked about each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reconcile {
+    pub interval: Duration,
+    pub batch: i64,
 }
 
 /// Bounds on clients, so that slow or hostile ones cannot exhaust the proxy.

@@ -112,6 +112,15 @@ impl fmt::Display for Config {
             Some(d) => writeln!(f, "  unresolved_retention: {}", format_duration(d))?,
             None => writeln!(f, "  # unresolved_retention: none (kept until resolved)")?,
         }
+        match self.reconcile {
+            Some(r) => writeln!(
+                f,
+                "reconcile:\n  interval: {}\n  batch: {}",
+                format_duration(r.interval),
+                r.batch
+            )?,
+            None => writeln!(f, "# reconcile: off")?,
+        }
         if self.implicit_routes {
             writeln!(
                 f,

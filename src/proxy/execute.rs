@@ -202,7 +202,7 @@ async fn execute<S: KeyStore>(
 
 /// Ends the reservation as the upstream's answer and the route's policy say — stored,
 /// released, or kept in progress — and answers the client once the store has it.
-async fn conclude<S: KeyStore>(
+pub(super) async fn conclude<S: KeyStore>(
     holder: &mut Holder<'_, S>,
     policy: &Policy,
     upstream: Upstream,

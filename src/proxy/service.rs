@@ -45,7 +45,7 @@ pub(crate) struct Shared<S> {
 
 /// The idempotency proxy. Cheap to clone: clones share one state.
 pub struct Proxy<S> {
-    shared: Arc<Shared<S>>,
+    pub(super) shared: Arc<Shared<S>>,
 }
 
 impl<S> Clone for Proxy<S> {

@@ -384,6 +384,9 @@ pub struct Behavior {
     /// Close a keep-alive connection silently after it has been idle this long (read
     /// when the connection is accepted).
     pub idle_close: Option<Duration>,
+    /// Answer recovery probes with this status instead of found (200) / not found (404):
+    /// a provider whose lookup is down.
+    pub probe_status: Option<u16>,
 }
 
 impl Default for Behavior {
@@ -394,6 +397,7 @@ impl Default for Behavior {
             dedupe: false,
             pad_to: 0,
             idle_close: None,
+            probe_status: None,
         }
     }
 }
@@ -543,9 +547,10 @@ async fn handle_upstream(
         st.probes.fetch_add(1, Ordering::SeqCst);
         let key = percent_decode(probed);
         let found = st.by_key.lock().unwrap().get(&key).cloned();
-        let (status, body) = match found {
-            Some(charge) => (200, charge),
-            None => (404, r#"{"error":"no such operation"}"#.to_owned()),
+        let (status, body) = match (st.behavior.lock().unwrap().probe_status, found) {
+            (Some(status), _) => (status, r#"{"error":"lookup unavailable"}"#.to_owned()),
+            (None, Some(charge)) => (200, charge),
+            (None, None) => (404, r#"{"error":"no such operation"}"#.to_owned()),
         };
         let resp = Response::builder()
             .status(status)
@@ -889,6 +894,8 @@ pub struct TestProxy {
     shutdown: Option<oneshot::Sender<()>>,
     handle: tokio::task::JoinHandle<bool>,
     admin_handle: tokio::task::JoinHandle<()>,
+    /// The reconciler, when the configuration turns it on (as `serve` runs it).
+    reconciler: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl TestProxy {
@@ -914,6 +921,10 @@ impl TestProxy {
             config.admin_token.clone(),
             std::future::pending(),
         ));
+        let reconciler = config.reconcile.map(|r| {
+            let proxy = proxy.clone();
+            tokio::spawn(async move { proxy.run_reconciler(r).await })
+        });
         let (tx, rx) = oneshot::channel::<()>();
         let handle = tokio::spawn(idemproxy::server::run(
             listener,
@@ -930,6 +941,7 @@ impl TestProxy {
             shutdown: Some(tx),
             handle,
             admin_handle,
+            reconciler,
         }
     }
 
@@ -938,9 +950,22 @@ impl TestProxy {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
+        if let Some(reconciler) = &self.reconciler {
+            reconciler.abort();
+        }
         let _ = (&mut self.handle).await;
         self.admin_handle.abort();
     }
+}
+
+/// The value of one series on `/metrics` (`name{labels}` as rendered), 0 when absent.
+pub async fn metric(admin: SocketAddr, series: &str) -> f64 {
+    let metrics = TestClient::at(admin).send("GET", "/metrics", &[], "").await;
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// Replays this proxy answered from memory so far, as `/metrics` shows them.
@@ -1123,6 +1148,45 @@ routes:
     path: /orders/*
     max_body: 1KiB
 "#;
+
+/// A payment body for `/payments` of [`PAYMENTS`].
+pub const PAYMENT_BODY: &str =
+    r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpose":"order-1"}"#;
+
+/// The fingerprint `/payments` of [`PAYMENTS`] gives [`PAYMENT_BODY`].
+pub fn payment_fingerprint() -> idemproxy::fingerprint::Fingerprint {
+    let fields: Vec<String> = ["/amount", "/currency", "/recipient", "/purpose"]
+        .map(String::from)
+        .to_vec();
+    idemproxy::fingerprint::fingerprint(&idemproxy::fingerprint::Request {
+        method: "POST",
+        path: "/payments",
+        query: None,
+        content_type: Some(b"application/json"),
+        body: PAYMENT_BODY.as_bytes(),
+        fields: Some(&fields),
+    })
+    .unwrap()
+}
+
+/// Simulates a crashed worker: the key is reserved with a lease that runs out at once.
+pub async fn crashed_reservation(db: &Backend, client_id: &str, key: &str) {
+    let fp = payment_fingerprint();
+    let req = idemproxy::store::ReserveRequest {
+        client_id,
+        key,
+        fingerprint: &fp,
+        route: "create-payment",
+        lease: Duration::from_millis(1),
+        retention: Duration::from_secs(3600),
+        takeover: true,
+    };
+    assert!(matches!(
+        db.store().reserve(&req).await.unwrap(),
+        idemproxy::store::Reservation::Reserved(_)
+    ));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
 
 /// Polls `f` until it returns `Some`, for at most `limit`.
 pub async fn eventually<T, F, Fut>(limit: Duration, mut f: F) -> Option<T>

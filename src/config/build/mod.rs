@@ -1,7 +1,9 @@
 //! `FileConfig` → `Config`: defaults, meaning and every cross-field check, with errors that
 //! name the offending key (`routes[1].lease: ...`). One file per section: [`upstream`],
-//! [`store`], [`routes`] (and their [`policy`]); what is left is here.
+//! [`store`], [`routes`] (and their [`policy`]), the [`background`] tasks; what is left is
+//! here.
 
+mod background;
 mod policy;
 mod routes;
 mod store;
@@ -14,6 +16,7 @@ use http::{HeaderName, Method};
 use super::file::FileConfig;
 use super::model::*;
 use crate::route::{PathPattern, RouteTable};
+use background::{build_reconcile, build_sweep};
 use policy::merge_policy;
 use routes::build_routes;
 use store::build_store;
@@ -124,24 +127,8 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
             format!("required when admin_listen ({addr}) is not a loopback address; set it or IDEMPROXY_ADMIN_TOKEN"),
         );
     }
-    let sweep = file.sweep.as_ref();
-    let sweep_interval = sweep
-        .and_then(|s| s.interval)
-        .map_or(DEFAULT_SWEEP_INTERVAL, |d| d.0);
-    let sweep_batch = sweep.and_then(|s| s.batch).unwrap_or(DEFAULT_SWEEP_BATCH);
-    if !(1..=100_000).contains(&sweep_batch) {
-        problems.push("sweep.batch", "must be between 1 and 100000");
-    }
-    let unresolved_retention = sweep.and_then(|s| s.unresolved_retention).map(|d| d.0);
-    if unresolved_retention.is_some_and(|d| d.is_zero()) {
-        problems.push(
-            "sweep.unresolved_retention",
-            "must be more than 0s (leave it out to keep unresolved keys until they are resolved)",
-        );
-    }
-    if sweep_interval.is_zero() {
-        problems.push("sweep.interval", "must be more than 0s");
-    }
+    let (sweep_interval, sweep_batch, unresolved_retention) =
+        build_sweep(&mut problems, file.sweep.as_ref());
     let limits = build_limits(&mut problems, file.limits.as_ref());
     let tls = build_listener_tls(&mut problems, file.tls.as_ref());
 
@@ -170,6 +157,7 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
         (_, None) => Vec::new(),
     };
     let warnings = routes::shadowed(&routes);
+    let reconcile = build_reconcile(&mut problems, file.reconcile.as_ref(), &routes);
 
     match (listen, admin_listen, upstream, store, client_id) {
         (Some(listen), Some(admin_listen), Some(upstream), Some(store), Some(client_id))
@@ -189,6 +177,7 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
                 sweep_interval,
                 sweep_batch,
                 unresolved_retention,
+                reconcile,
                 limits,
                 tls,
             })
