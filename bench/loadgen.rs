@@ -135,7 +135,10 @@ impl Shared {
         let outcome = match result {
             Ok(resp) => {
                 let status = resp.status().as_u16();
-                let replayed = resp.headers().contains_key("idempotent-replayed");
+                let replayed = resp
+                    .headers()
+                    .get("idempotent-replayed")
+                    .is_some_and(|v| v == "true");
                 match resp.into_body().collect().await {
                     Ok(_) => Ok((status, replayed)),
                     Err(_) => Err(()),

@@ -131,6 +131,35 @@ pub fn fingerprint(req: &Request<'_>) -> Result<Fingerprint, BodyError> {
     Ok(h.finalize().into())
 }
 
+/// The fingerprint of a route with `fingerprint: none`: every request under one key is
+/// the same operation, whatever it carries (no `422` safety net).
+pub fn none() -> Fingerprint {
+    let mut h = Sha256::new();
+    put(&mut h, b"idemproxy-fingerprint-none");
+    h.finalize().into()
+}
+
+/// `base` extended with the values of the route's `fingerprint.headers` (each name with
+/// all its values in order, or marked absent), so that an API version header sent with
+/// the same body makes a different operation. Routes without such headers keep `base`
+/// as it is, so their stored fingerprints stay valid.
+pub fn with_headers<'a>(
+    base: Fingerprint,
+    headers: impl IntoIterator<Item = (&'a str, Vec<&'a [u8]>)>,
+) -> Fingerprint {
+    let mut h = Sha256::new();
+    put(&mut h, b"idemproxy-fingerprint-headers-v1");
+    put(&mut h, &base);
+    for (name, values) in headers {
+        put(&mut h, name.as_bytes());
+        h.update((values.len() as u64).to_be_bytes());
+        for value in values {
+            put(&mut h, value);
+        }
+    }
+    h.finalize().into()
+}
+
 /// Checks that `pointer` is an RFC 6901 JSON Pointer (`""`, or `/a/b` with `~0`/`~1` escapes).
 pub fn check_pointer(pointer: &str) -> Result<(), String> {
     if !pointer.is_empty() && !pointer.starts_with('/') {

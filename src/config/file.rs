@@ -143,11 +143,48 @@ pub struct FileWait {
     pub wait: HumanDuration,
 }
 
-/// `fingerprint:` on a route.
-#[derive(Debug, Default, Deserialize)]
+/// `fingerprint: none` or `fingerprint: { fields: [...], headers: [...] }`.
+#[derive(Debug, Clone)]
+pub enum FileFingerprintSpec {
+    Word(String),
+    Spec(FileFingerprint),
+}
+
+/// By hand rather than `untagged`, so that a typo inside the mapping is reported as
+/// itself (an unknown field, with its name) and a word YAML reads as a boolean (`off`)
+/// reaches the check that suggests `none`.
+impl<'de> Deserialize<'de> for FileFingerprintSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = FileFingerprintSpec;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("`none` or a mapping with `fields` and/or `headers`")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(FileFingerprintSpec::Word(v.to_owned()))
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(FileFingerprintSpec::Word(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                FileFingerprint::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(FileFingerprintSpec::Spec)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+/// The `{ fields, headers }` form of `fingerprint:`.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileFingerprint {
     pub fields: Option<Vec<String>>,
+    pub headers: Option<Vec<String>>,
 }
 
 /// `recovery_probe:` — how to ask the upstream whether an operation already happened.
@@ -170,6 +207,10 @@ macro_rules! policy_struct {
         pub struct $name {
             $(pub $extra: $ty,)*
             pub key_header: Option<String>,
+            pub key_headers: Option<Vec<String>>,
+            pub key_scope: Option<String>,
+            pub replayed_header: Option<String>,
+            pub echo_key_header: Option<String>,
             pub upstream_key_header: Option<String>,
             pub lease: Option<HumanDuration>,
             pub retention: Option<HumanDuration>,
@@ -179,7 +220,7 @@ macro_rules! policy_struct {
             pub on_conflict: Option<FileOnConflict>,
             pub store_headers: Option<Vec<String>>,
             pub release_on: Option<Vec<u16>>,
-            pub fingerprint: Option<FileFingerprint>,
+            pub fingerprint: Option<FileFingerprintSpec>,
             pub recovery_probe: Option<FileProbe>,
             pub on_ambiguous: Option<String>,
             pub ambiguous_statuses: Option<Vec<u16>>,

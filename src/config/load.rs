@@ -281,6 +281,54 @@ routes:
         assert!(off.to_string().contains("# reconcile: off"));
     }
 
+    /// The key knobs: aliases, scope, fingerprint forms and answer marks, each refused with
+    /// its key named when it cannot work.
+    #[test]
+    fn key_forms_are_checked() {
+        let route = |extra: &str| format!("{UP}routes:\n  - name: a\n    path: /a\n{extra}");
+        let e = err(&route("    key_header: A\n    key_headers: [B]\n"));
+        assert!(
+            e.contains("routes[0].key_headers") && e.contains("not both"),
+            "{e}"
+        );
+        let e = err(&route("    key_headers: [A, a]\n"));
+        assert!(
+            e.contains("routes[0].key_headers[1]") && e.contains("twice"),
+            "{e}"
+        );
+        let e = err(&route("    key_headers: []\n"));
+        assert!(e.contains("routes[0].key_headers"), "{e}");
+        let e = err(&route("    key_scope: global\n"));
+        assert!(
+            e.contains("routes[0].key_scope") && e.contains("client_and_route"),
+            "{e}"
+        );
+        let e = err(&route("    fingerprint: off\n"));
+        assert!(
+            e.contains("routes[0].fingerprint") && e.contains("none"),
+            "{e}"
+        );
+        let e = err(&route("    fingerprint: { headers: [\"bad header\"] }\n"));
+        assert!(e.contains("routes[0].fingerprint.headers[0]"), "{e}");
+        let c = load_str(
+            &route("    key_headers: [X-Idempotency-Key, PayPal-Request-Id]\n    key_scope: client_and_route\n    fingerprint: none\n    echo_key_header: none\n"),
+            &Overrides::default(),
+        )
+        .unwrap();
+        let p = &c.routes.routes()[0].policy;
+        assert_eq!(p.key_headers.len(), 2);
+        assert_eq!(p.key_header().as_str(), "x-idempotency-key");
+        assert!(p.fingerprint_off);
+        assert_eq!(p.echo_key, crate::config::EchoKey::Off);
+        let printed = c.to_string();
+        assert!(
+            printed.contains("key_headers: [x-idempotency-key, paypal-request-id]")
+                && printed.contains("key_scope: client_and_route")
+                && printed.contains("fingerprint: none"),
+            "{printed}"
+        );
+    }
+
     /// Durations must carry a unit.
     #[test]
     fn durations_need_units() {

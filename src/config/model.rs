@@ -40,6 +40,8 @@ pub const DEFAULT_MAX_BODY: u64 = 1 << 20;
 pub const DEFAULT_MAX_STORED_RESPONSE: u64 = 1 << 20;
 /// Default client and upstream idempotency key header.
 pub const DEFAULT_KEY_HEADER: &str = "idempotency-key";
+/// Default header marking replays (`true`) and first answers (`false`).
+pub const DEFAULT_REPLAYED_HEADER: &str = "idempotent-replayed";
 /// How long in-flight requests may take to finish after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// How often the retention sweep runs.
@@ -341,7 +343,15 @@ pub struct Route {
 /// Per-route idempotency policy (defaults merged with the route's overrides).
 #[derive(Debug, Clone)]
 pub struct Policy {
-    pub key_header: HeaderName,
+    /// Headers that may carry the client's key, in order: the first present one is the
+    /// key; two present with different values are refused. Never empty.
+    pub key_headers: Vec<HeaderName>,
+    /// Whose operations a key names.
+    pub key_scope: KeyScope,
+    /// Marks every protected answer: `true` on a replay, `false` otherwise.
+    pub replayed_header: HeaderName,
+    /// Where the key the client sent is echoed on every protected answer.
+    pub echo_key: EchoKey,
     pub upstream_key_header: HeaderName,
     pub lease: Duration,
     pub retention: Duration,
@@ -351,6 +361,11 @@ pub struct Policy {
     pub on_conflict: OnConflict,
     /// JSON Pointers that define the operation; `None` fingerprints the whole body.
     pub fingerprint_fields: Option<Vec<String>>,
+    /// Request headers that change what a request means (an API version), fingerprinted
+    /// besides the body.
+    pub fingerprint_headers: Vec<HeaderName>,
+    /// `fingerprint: none`: the key alone identifies the operation (no `422` safety net).
+    pub fingerprint_off: bool,
     /// Extra response headers stored and replayed besides `Content-Type` and `Location`.
     pub store_headers: Vec<HeaderName>,
     /// Upstream statuses after which the key is released instead of stored.
@@ -365,6 +380,33 @@ pub struct Policy {
     pub ambiguous_statuses: Vec<u16>,
     /// What a retry of an unresolved key (lease run out, outcome unknown) does.
     pub takeover: Takeover,
+}
+
+/// Where a protected answer echoes the client's key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EchoKey {
+    /// Under the header the key was read from (the default).
+    AsSent,
+    /// Under this header.
+    Named(HeaderName),
+    /// Not at all (`echo_key_header: none`).
+    Off,
+}
+
+/// Whose operations a key names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyScope {
+    /// One namespace per client: the same key on two routes is one operation.
+    Client,
+    /// One namespace per client and route: the same key on two routes is two operations.
+    ClientAndRoute,
+}
+
+impl Policy {
+    /// The first key header: the one named in problems and logs.
+    pub fn key_header(&self) -> &HeaderName {
+        &self.key_headers[0]
+    }
 }
 
 /// Whether a retry may take over an unresolved key.

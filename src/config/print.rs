@@ -147,7 +147,21 @@ impl fmt::Display for Config {
                 writeln!(f, "    extension_methods: [{}]", names(extensions))?;
             }
             writeln!(f, "    path: {}", route.pattern.as_str())?;
-            writeln!(f, "    key_header: {}", p.key_header)?;
+            let keys: Vec<&str> = p.key_headers.iter().map(HeaderName::as_str).collect();
+            writeln!(f, "    key_headers: [{}]", keys.join(", "))?;
+            let scope = match p.key_scope {
+                KeyScope::Client => "client",
+                KeyScope::ClientAndRoute => "client_and_route",
+            };
+            writeln!(f, "    key_scope: {scope}")?;
+            writeln!(f, "    replayed_header: {}", p.replayed_header)?;
+            match &p.echo_key {
+                EchoKey::AsSent => {
+                    writeln!(f, "    # echo_key_header: the header the key came in")?
+                }
+                EchoKey::Named(h) => writeln!(f, "    echo_key_header: {h}")?,
+                EchoKey::Off => writeln!(f, "    echo_key_header: none")?,
+            }
             writeln!(f, "    upstream_key_header: {}", p.upstream_key_header)?;
             writeln!(f, "    require_key: {}", p.require_key)?;
             writeln!(f, "    lease: {}", format_duration(p.lease))?;
@@ -164,11 +178,24 @@ impl fmt::Display for Config {
                     writeln!(f, "    on_conflict: {{ wait: {} }}", format_duration(d))?
                 }
             }
-            match &p.fingerprint_fields {
-                Some(fields) => {
-                    writeln!(f, "    fingerprint: {{ fields: [{}] }}", fields.join(", "))?
-                }
-                None => writeln!(f, "    fingerprint: whole body")?,
+            let headers: Vec<&str> = p
+                .fingerprint_headers
+                .iter()
+                .map(HeaderName::as_str)
+                .collect();
+            match (&p.fingerprint_fields, p.fingerprint_off) {
+                (_, true) => writeln!(f, "    fingerprint: none")?,
+                (Some(fields), false) => writeln!(
+                    f,
+                    "    fingerprint: {{ fields: [{}], headers: [{}] }}",
+                    fields.join(", "),
+                    headers.join(", ")
+                )?,
+                (None, false) => writeln!(
+                    f,
+                    "    fingerprint: {{ headers: [{}] }}  # and the whole body",
+                    headers.join(", ")
+                )?,
             }
             let stored: Vec<&str> = ["content-type", "location"]
                 .into_iter()

@@ -67,7 +67,10 @@ impl Demo {
             .body(Full::new(Bytes::from(body)))?;
         let resp = self.http.request(req).await.context("calling the proxy")?;
         let status = resp.status().as_u16();
-        let replayed = resp.headers().contains_key("idempotent-replayed");
+        let replayed = resp
+            .headers()
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true");
         let bytes = resp.into_body().collect().await?.to_bytes();
         let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
         Ok(Answer {

@@ -164,7 +164,9 @@ async fn execute<S: KeyStore>(
         retention: policy.retention,
     };
     let mut parts = job.parts;
-    parts.headers.remove(&policy.key_header);
+    for name in &policy.key_headers {
+        parts.headers.remove(name);
+    }
     if let Some(value) = &derived_value {
         parts
             .headers
@@ -376,12 +378,10 @@ fn answer(
     }
 }
 
-/// The stored answer, marked as a replay.
+/// The stored answer (marked as a replay by the caller, see `service::Marks`).
 fn replay(stored: StoredResponse) -> Response<ProxyBody> {
     let mut resp = Response::new(full(stored.body));
     *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::BAD_GATEWAY);
     *resp.headers_mut() = decode_stored(&stored.headers);
-    resp.headers_mut()
-        .insert("idempotent-replayed", HeaderValue::from_static("true"));
     resp
 }

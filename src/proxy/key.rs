@@ -56,6 +56,80 @@ pub fn parse_key(headers: &HeaderMap, name: &HeaderName) -> Result<Option<String
     Ok(Some(key))
 }
 
+/// A key read from one of several headers, and the value as the client sent it (echoed
+/// on the answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentKey {
+    pub key: String,
+    pub sent: http::HeaderValue,
+    /// The header it came in.
+    pub header: HeaderName,
+}
+
+/// Reads the key from the first of `names` present; `None` when none is. Another of them
+/// present with a different key is refused: which one the client meant is unknown.
+/// The error names the header at fault.
+pub fn parse_keys(
+    headers: &HeaderMap,
+    names: &[HeaderName],
+) -> Result<Option<SentKey>, (HeaderName, String)> {
+    let mut found: Option<(SentKey, &HeaderName)> = None;
+    for name in names {
+        let key = parse_key(headers, name).map_err(|reason| (name.clone(), reason))?;
+        let (Some(key), Some(sent)) = (key, headers.get(name)) else {
+            continue;
+        };
+        match &found {
+            None => {
+                found = Some((
+                    SentKey {
+                        key,
+                        sent: sent.clone(),
+                        header: name.clone(),
+                    },
+                    name,
+                ))
+            }
+            Some((first, first_name)) if first.key != key => {
+                return Err((
+                    name.clone(),
+                    format!(
+                        "it carries a different key than `{first_name}`; send the key in one of them"
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(found.map(|(key, _)| key))
+}
+
+/// The key under which a request is stored: the client's key, or with
+/// `key_scope: client_and_route` the route's name (`%` and `:` percent-encoded, so no two
+/// pairs collide) and the key, so that one key on two routes is two operations.
+pub fn scoped_key(route: &str, key: &str, scope: crate::config::KeyScope) -> String {
+    match scope {
+        crate::config::KeyScope::Client => key.to_owned(),
+        crate::config::KeyScope::ClientAndRoute => {
+            let mut out = String::with_capacity(route.len() + key.len() + 1);
+            push_escaped(&mut out, route);
+            out.push(':');
+            out.push_str(key);
+            out
+        }
+    }
+}
+
+fn push_escaped(out: &mut String, text: &str) {
+    for c in text.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            ':' => out.push_str("%3A"),
+            c => out.push(c),
+        }
+    }
+}
+
 /// Unquotes the rest of an sf-string after its opening quote (RFC 8941 §4.2.5).
 fn unquote(inner: &str) -> Result<String, String> {
     let mut out = String::with_capacity(inner.len());
@@ -128,13 +202,7 @@ pub fn client_id(headers: &HeaderMap, source: &ClientIdSource) -> Result<String,
 /// so that no two `(client_id, key)` pairs can produce the same derived key.
 pub fn derived_key(client_id: &str, key: &str) -> String {
     let mut out = String::with_capacity(client_id.len() + key.len() + 1);
-    for c in client_id.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            ':' => out.push_str("%3A"),
-            c => out.push(c),
-        }
-    }
+    push_escaped(&mut out, client_id);
     out.push(':');
     out.push_str(key);
     out

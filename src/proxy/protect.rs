@@ -104,17 +104,30 @@ where
         Ok(Ok(body)) => body,
     };
 
-    let fingerprint = fingerprint(&fingerprint::Request {
-        method: parts.method.as_str(),
-        path: parts.uri.path(),
-        query: parts.uri.query(),
-        content_type: parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .map(|v| v.as_bytes()),
-        body: &body,
-        fields: policy.fingerprint_fields.as_deref(),
-    })?;
+    let fingerprint = if policy.fingerprint_off {
+        fingerprint::none()
+    } else {
+        fingerprint(&fingerprint::Request {
+            method: parts.method.as_str(),
+            path: parts.uri.path(),
+            query: parts.uri.query(),
+            content_type: parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .map(|v| v.as_bytes()),
+            body: &body,
+            fields: policy.fingerprint_fields.as_deref(),
+        })?
+    };
+    let fingerprint = if policy.fingerprint_headers.is_empty() {
+        fingerprint
+    } else {
+        let headers = policy.fingerprint_headers.iter().map(|name| {
+            let values = parts.headers.get_all(name).iter().map(|v| v.as_bytes());
+            (name.as_str(), values.collect())
+        });
+        fingerprint::with_headers(fingerprint, headers)
+    };
     // The job waits for the store, so it must not hold the connection's read buffer
     // meanwhile: the headers and a body that arrived within one read become copies (the
     // URI already is one, see `Proxy::handle_inner`).

@@ -14,9 +14,9 @@ use tokio_util::task::TaskTracker;
 use super::body::{BoxError, ProxyBody, boxed};
 use super::forward::{ForwardError, Forwarder};
 use super::headers::client_head;
-use super::key::parse_key;
+use super::key::{parse_keys, scoped_key};
 use super::protect;
-use crate::config::{Config, Route};
+use crate::config::{Config, EchoKey, Route};
 use crate::metrics::{KindLabel, Metrics};
 use crate::path::PathError;
 use crate::problem::ProxyError;
@@ -134,11 +134,12 @@ impl<S: KeyStore> Proxy<S> {
         // protected request swaps `uri` for a copy of its own: see `handle_inner`).
         let method = req.method().clone();
         let mut uri = req.uri().clone();
-        let (route, outcome, result) = self.handle_inner(req, peer, &mut uri).await;
+        let mut marks = None;
+        let (route, outcome, result) = self.handle_inner(req, peer, &mut uri, &mut marks).await;
         self.shared
             .metrics
             .observe_request(route, outcome, started.elapsed());
-        match result {
+        let mut resp = match result {
             Ok(resp) => resp,
             Err(err) => {
                 let status = err.status();
@@ -149,7 +150,11 @@ impl<S: KeyStore> Proxy<S> {
                 }
                 err.into_response()
             }
+        };
+        if let Some(marks) = marks {
+            marks.apply(&mut resp, outcome == "replayed");
         }
+        resp
     }
 
     /// Routes the request; returns the route's name (`-` for none) and the outcome label
@@ -159,6 +164,7 @@ impl<S: KeyStore> Proxy<S> {
         mut req: Request<B>,
         peer: SocketAddr,
         log_uri: &mut Uri,
+        marks: &mut Option<Marks>,
     ) -> (
         &Arc<str>,
         &'static str,
@@ -178,23 +184,34 @@ impl<S: KeyStore> Proxy<S> {
         *log_uri = uri.clone();
         *req.uri_mut() = uri;
         let policy = &route.policy;
-        let key = match parse_key(req.headers(), &policy.key_header) {
-            Ok(Some(key)) => key,
+        let sent = match parse_keys(req.headers(), &policy.key_headers) {
+            Ok(Some(sent)) => sent,
             Ok(None) if policy.require_key => {
+                let names: Vec<&str> = policy.key_headers.iter().map(|h| h.as_str()).collect();
                 let err = ProxyError::MissingKey {
-                    header: policy.key_header.to_string(),
+                    header: names.join("` or `"),
                 };
                 return (&route.name, "rejected", Err(err));
             }
             Ok(None) => return self.pass_through(&route.name, req, peer).await,
-            Err(reason) => {
+            Err((header, reason)) => {
                 let err = ProxyError::InvalidKey {
-                    header: policy.key_header.to_string(),
+                    header: header.to_string(),
                     reason,
                 };
                 return (&route.name, "rejected", Err(err));
             }
         };
+        // From here on every answer is a protected one, marked as such.
+        *marks = Some(Marks {
+            replayed: policy.replayed_header.clone(),
+            echo: match &policy.echo_key {
+                EchoKey::AsSent => Some((sent.header.clone(), sent.sent.clone())),
+                EchoKey::Named(name) => Some((name.clone(), sent.sent.clone())),
+                EchoKey::Off => None,
+            },
+        });
+        let key = scoped_key(&route.name, &sent.key, policy.key_scope);
         // Boxed: the protected path's state is large, and every request's future (pass
         // through included) would otherwise be as large as it.
         let (outcome, result) = Box::pin(protect::protect(
@@ -296,4 +313,23 @@ pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+/// What marks a protected answer: whether it is a replay, and the key the client sent.
+pub(super) struct Marks {
+    replayed: http::HeaderName,
+    echo: Option<(http::HeaderName, http::HeaderValue)>,
+}
+
+impl Marks {
+    fn apply(self, resp: &mut Response<ProxyBody>, replayed: bool) {
+        let headers = resp.headers_mut();
+        headers.insert(
+            self.replayed,
+            http::HeaderValue::from_static(if replayed { "true" } else { "false" }),
+        );
+        if let Some((name, value)) = self.echo {
+            headers.insert(name, value);
+        }
+    }
 }

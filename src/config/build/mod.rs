@@ -4,6 +4,7 @@
 //! here.
 
 mod background;
+mod keys;
 mod policy;
 mod routes;
 mod store;

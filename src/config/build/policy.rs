@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use http::{HeaderName, Method};
 
+use super::keys::build_keys;
 use super::{Problems, header_name};
 use crate::config::file::{FileOnConflict, FilePolicy};
 use crate::config::model::*;
@@ -18,11 +19,8 @@ pub(super) fn merge_policy(
     store_timeout: Duration,
 ) -> Option<Policy> {
     let before = p.0.len();
+    let keys = build_keys(p, at, base, own);
     let default_key = HeaderName::from_static(DEFAULT_KEY_HEADER);
-    let key_header = match &own.key_header {
-        Some(h) => header_name(p, format!("{at}.key_header"), h),
-        None => Some(base.map_or(default_key.clone(), |b| b.key_header.clone())),
-    };
     let upstream_key_header = match &own.upstream_key_header {
         Some(h) => header_name(p, format!("{at}.upstream_key_header"), h),
         None => Some(base.map_or(default_key, |b| b.upstream_key_header.clone())),
@@ -95,23 +93,6 @@ pub(super) fn merge_policy(
         }
         Some(FileOnConflict::Wait(w)) => OnConflict::Wait(w.wait.0),
     };
-    let fingerprint_fields = match own.fingerprint.as_ref().and_then(|f| f.fields.as_ref()) {
-        Some(fields) => {
-            if fields.is_empty() {
-                p.push(
-                    format!("{at}.fingerprint.fields"),
-                    "list at least one JSON Pointer, or leave it out to fingerprint the whole body",
-                );
-            }
-            for (i, field) in fields.iter().enumerate() {
-                if let Err(e) = crate::fingerprint::check_pointer(field) {
-                    p.push(format!("{at}.fingerprint.fields[{i}]"), e);
-                }
-            }
-            Some(fields.clone())
-        }
-        None => base.and_then(|b| b.fingerprint_fields.clone()),
-    };
     let store_headers = match &own.store_headers {
         Some(list) => list
             .iter()
@@ -183,7 +164,10 @@ pub(super) fn merge_policy(
         return None;
     }
     Some(Policy {
-        key_header: key_header?,
+        key_headers: keys.key_headers,
+        key_scope: keys.key_scope,
+        replayed_header: keys.replayed_header,
+        echo_key: keys.echo_key,
         upstream_key_header: upstream_key_header?,
         lease,
         retention,
@@ -191,7 +175,9 @@ pub(super) fn merge_policy(
         max_stored_response,
         require_key,
         on_conflict,
-        fingerprint_fields,
+        fingerprint_fields: keys.fingerprint_fields,
+        fingerprint_headers: keys.fingerprint_headers,
+        fingerprint_off: keys.fingerprint_off,
         store_headers,
         release_on,
         recovery_probe,

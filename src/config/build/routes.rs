@@ -154,6 +154,10 @@ pub(super) fn shadowed(routes: &[Route]) -> Vec<String> {
 fn route_policy(r: &FileRoute) -> FilePolicy {
     FilePolicy {
         key_header: r.key_header.clone(),
+        key_headers: r.key_headers.clone(),
+        key_scope: r.key_scope.clone(),
+        replayed_header: r.replayed_header.clone(),
+        echo_key_header: r.echo_key_header.clone(),
         upstream_key_header: r.upstream_key_header.clone(),
         lease: r.lease,
         retention: r.retention,
@@ -168,12 +172,7 @@ fn route_policy(r: &FileRoute) -> FilePolicy {
         }),
         store_headers: r.store_headers.clone(),
         release_on: r.release_on.clone(),
-        fingerprint: r
-            .fingerprint
-            .as_ref()
-            .map(|f| crate::config::file::FileFingerprint {
-                fields: f.fields.clone(),
-            }),
+        fingerprint: r.fingerprint.clone(),
         recovery_probe: r.recovery_probe.clone(),
         on_ambiguous: r.on_ambiguous.clone(),
         ambiguous_statuses: r.ambiguous_statuses.clone(),
