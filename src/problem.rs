@@ -27,9 +27,15 @@ pub struct Problem {
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     #[error("the route requires an idempotency key")]
-    MissingKey { header: String },
+    MissingKey {
+        header: String,
+        /// Where in the body a key is also accepted (`key_from.body`).
+        body: Option<String>,
+    },
     #[error("invalid idempotency key: {reason}")]
     InvalidKey { header: String, reason: String },
+    #[error("invalid idempotency key in the body: {reason}")]
+    InvalidBodyKey { field: String, reason: String },
     #[error("no client identity")]
     MissingClientId { what: String, unauthorized: bool },
     #[error("path cannot be normalised safely: {0}")]
@@ -76,6 +82,7 @@ impl ProxyError {
         match self {
             ProxyError::MissingKey { .. }
             | ProxyError::InvalidKey { .. }
+            | ProxyError::InvalidBodyKey { .. }
             | ProxyError::InvalidClientId { .. }
             | ProxyError::InvalidPath(_)
             | ProxyError::BodyRead(_)
@@ -108,10 +115,18 @@ impl ProxyError {
     /// The problem document a client sees.
     pub fn problem(&self) -> Problem {
         let (slug, title, detail) = match self {
-            ProxyError::MissingKey { header } => (
+            ProxyError::MissingKey { header, body } => (
                 "missing-key",
                 "Idempotency key required",
-                format!("This endpoint requires an `{header}` header; generate a unique value (e.g. a UUID) per operation and send the same value on every retry."),
+                match body {
+                    None => format!("This endpoint requires an `{header}` header; generate a unique value (e.g. a UUID) per operation and send the same value on every retry."),
+                    Some(field) => format!("This endpoint requires an idempotency key, in an `{header}` header or in the body at `{field}`; generate a unique value (e.g. a UUID) per operation and send the same value on every retry."),
+                },
+            ),
+            ProxyError::InvalidBodyKey { field, reason } => (
+                "invalid-key",
+                "Invalid idempotency key",
+                format!("The key in the body at `{field}` is invalid: {reason}. Nothing was reserved; send the request again with a valid key."),
             ),
             ProxyError::InvalidKey { header, reason } => (
                 "invalid-key",
@@ -254,7 +269,14 @@ mod tests {
     #[test]
     fn statuses() {
         let h = || "Idempotency-Key".to_owned();
-        assert_eq!(ProxyError::MissingKey { header: h() }.status(), 400);
+        assert_eq!(
+            ProxyError::MissingKey {
+                header: h(),
+                body: None
+            }
+            .status(),
+            400
+        );
         assert_eq!(
             ProxyError::InvalidKey {
                 header: h(),

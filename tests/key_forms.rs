@@ -42,6 +42,16 @@ routes:
     methods: [POST]
     path: /captures
     key_scope: client_and_route
+  - name: square
+    methods: [POST]
+    path: /square
+    require_key: true
+    key_from: { body: /idempotency_key }
+  - name: legacy
+    methods: [POST]
+    path: /legacy
+    key_from: { body: /order_number }
+    echo_key_header: X-Order-Number
   - name: quiet
     methods: [POST]
     path: /quiet
@@ -204,7 +214,164 @@ async fn protected_answers_are_marked(db: Backend) {
     proxy.stop().await;
 }
 
+/// `key_from: { body: /idempotency_key }`: the key is read from a JSON member or a form
+/// field when no key header is present (a header wins); it replays and guards against
+/// reuse like a header key, and the same body key from two clients is two operations.
+async fn keys_read_from_the_body(db: Backend) {
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let proxy = TestProxy::spawn(FORMS, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    let body = r#"{"idempotency_key":"sq-1","amount":100}"#;
+    let first = send(&client, "/square", &[], body).await;
+    assert_eq!((first.status.as_u16(), first.replayed()), (201, false));
+    assert!(send(&client, "/square", &[], body).await.replayed());
+    let reused = send(
+        &client,
+        "/square",
+        &[],
+        r#"{"idempotency_key":"sq-1","amount":5}"#,
+    )
+    .await;
+    assert_eq!(reused.status, 422, "{reused:?}");
+    let other_client = client
+        .send(
+            "POST",
+            "/square",
+            &[
+                ("content-type", "application/json"),
+                ("x-client-id", "shop-2"),
+            ],
+            body,
+        )
+        .await;
+    assert_eq!(
+        (other_client.status.as_u16(), other_client.replayed()),
+        (201, false)
+    );
+    assert_eq!(upstream.executions(), 2);
+    assert_eq!(
+        upstream.seen()[0].headers.get("idempotency-key").unwrap(),
+        "shop-1:sq-1",
+        "the derived key from the body key"
+    );
+    assert_eq!(
+        upstream.seen()[0].body,
+        body,
+        "the body is forwarded as sent"
+    );
+    // A header wins over the body.
+    let headed = send(&client, "/square", &[("idempotency-key", "h-1")], body).await;
+    assert_eq!((headed.status.as_u16(), headed.replayed()), (201, false));
+    assert_eq!(
+        upstream.seen()[2].headers.get("idempotency-key").unwrap(),
+        "shop-1:h-1"
+    );
+    // A form body, and a number as the key.
+    let form = client
+        .send(
+            "POST",
+            "/square",
+            &[
+                ("content-type", "application/x-www-form-urlencoded"),
+                ("x-client-id", "shop-1"),
+            ],
+            "amount=5&idempotency_key=f-1",
+        )
+        .await;
+    assert_eq!(form.status, 201, "{form:?}");
+    assert_eq!(
+        upstream.seen()[3].headers.get("idempotency-key").unwrap(),
+        "shop-1:f-1"
+    );
+    let numbered = send(&client, "/legacy", &[], r#"{"order_number":12345}"#).await;
+    assert_eq!(numbered.status, 201);
+    assert_eq!(
+        header(&numbered, "x-order-number"),
+        Some("12345"),
+        "echoed under its name"
+    );
+    assert_eq!(
+        upstream.seen()[4].headers.get("idempotency-key").unwrap(),
+        "shop-1:12345"
+    );
+    assert!(
+        send(&client, "/legacy", &[], r#"{"order_number":12345}"#)
+            .await
+            .replayed()
+    );
+    proxy.stop().await;
+}
+
+/// A body key that is missing (where required), empty, not a string or number, sent
+/// twice, or in a body that is not JSON gets the same `400`s as a bad header key, and
+/// nothing is reserved. Where a key is not required, a body without one is forwarded
+/// unprotected.
+async fn bad_body_keys_are_refused(db: Backend) {
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let proxy = TestProxy::spawn(FORMS, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    let missing = send(&client, "/square", &[], r#"{"amount":100}"#).await;
+    assert_eq!(missing.status, 400);
+    assert!(
+        missing.json()["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("missing-key")
+    );
+    assert!(missing.detail().contains("/idempotency_key"), "{missing:?}");
+    for (body, reason) in [
+        (r#"{"idempotency_key":""}"#, "empty"),
+        (r#"{"idempotency_key":{"a":1}}"#, "string or a number"),
+        (r#"{"idempotency_key":"café"}"#, "non-ASCII"),
+        (r#"{"idempotency_key": "x""#, "not valid JSON"),
+    ] {
+        let bad = send(&client, "/square", &[], body).await;
+        assert_eq!(bad.status, 400, "{body}: {bad:?}");
+        assert!(
+            bad.json()["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("invalid-key"),
+            "{bad:?}"
+        );
+        assert!(bad.detail().contains(reason), "{body}: {bad:?}");
+    }
+    let twice = client
+        .send(
+            "POST",
+            "/square",
+            &[
+                ("content-type", "application/x-www-form-urlencoded"),
+                ("x-client-id", "shop-1"),
+            ],
+            "idempotency_key=a&idempotency_key=b",
+        )
+        .await;
+    assert_eq!(twice.status, 400, "{twice:?}");
+    assert!(twice.detail().contains("more than once"), "{twice:?}");
+    assert_eq!(db.rows().await, 0, "nothing reserved");
+    assert_eq!(upstream.executions(), 0);
+    let unkeyed = send(&client, "/legacy", &[], r#"{"amount":1}"#).await;
+    assert_eq!(unkeyed.status, 201);
+    assert!(
+        header(&unkeyed, "idempotent-replayed").is_none(),
+        "not protected"
+    );
+    assert_eq!(
+        send(&client, "/legacy", &[], r#"{"amount":1}"#)
+            .await
+            .status,
+        201
+    );
+    assert_eq!(upstream.executions(), 2, "forwarded each time");
+    assert_eq!(upstream.seen()[0].body, r#"{"amount":1}"#);
+    assert_eq!(db.rows().await, 0);
+    proxy.stop().await;
+}
+
 on_both_stores!(
+    keys_read_from_the_body,
+    bad_body_keys_are_refused,
     key_header_aliases,
     selected_headers_are_fingerprinted,
     no_fingerprint_replays_any_body,

@@ -6,7 +6,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use idemproxy::config::{Overrides, load_str};
 use idemproxy::fingerprint::{self, fingerprint};
 use idemproxy::path::normalize;
-use idemproxy::proxy::{decode_stored, parse_key};
+use idemproxy::proxy::{body_key, decode_stored, parse_key};
 use idemproxy::route::{Lookup, PathPattern};
 use proptest::prelude::*;
 use serde_json::Value;
@@ -289,6 +289,27 @@ proptest! {
         } else {
             prop_assert_eq!(parsed, Ok(Some(plain.clone())));
         }
+    }
+
+    /// The body key reader never panics on any body, JSON document or pointer, and finds
+    /// a key placed at the pointer exactly as it was placed.
+    #[test]
+    fn body_key_total(
+        raw in prop::collection::vec(any::<u8>(), 0..300),
+        v in json(),
+        pointer in "(/[a-z~01]{0,4}){0,3}",
+        key in "[!#-+\\--~]{1,64}",
+    ) {
+        for ct in [&b"application/json"[..], b"application/x-www-form-urlencoded", b"text/plain"] {
+            let _ = body_key(Some(ct), &raw, &pointer);
+            let _ = body_key(Some(ct), serde_json::to_string(&v).unwrap().as_bytes(), &pointer);
+        }
+        let doc = serde_json::json!({ "a": { "idempotency_key": key.clone() }, "other": v });
+        let body = serde_json::to_vec(&doc).unwrap();
+        prop_assert_eq!(
+            body_key(Some(b"application/json"), &body, "/a/idempotency_key"),
+            Ok(Some(key.clone()))
+        );
     }
 
     /// Stored header blocks and route patterns never panic, whatever the bytes.

@@ -143,6 +143,13 @@ pub struct FileWait {
     pub wait: HumanDuration,
 }
 
+/// `key_from: { body: /idempotency_key }` — a key for clients that cannot send headers.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileKeyFrom {
+    pub body: Option<String>,
+}
+
 /// `fingerprint: none` or `fingerprint: { fields: [...], headers: [...] }`.
 #[derive(Debug, Clone)]
 pub enum FileFingerprintSpec {
@@ -208,6 +215,7 @@ macro_rules! policy_struct {
             $(pub $extra: $ty,)*
             pub key_header: Option<String>,
             pub key_headers: Option<Vec<String>>,
+            pub key_from: Option<FileKeyFrom>,
             pub key_scope: Option<String>,
             pub replayed_header: Option<String>,
             pub echo_key_header: Option<String>,

@@ -346,6 +346,9 @@ pub struct Policy {
     /// Headers that may carry the client's key, in order: the first present one is the
     /// key; two present with different values are refused. Never empty.
     pub key_headers: Vec<HeaderName>,
+    /// A JSON Pointer (or, for a form body, the field it names) where the key is read
+    /// from the body when no key header is present.
+    pub key_from_body: Option<String>,
     /// Whose operations a key names.
     pub key_scope: KeyScope,
     /// Marks every protected answer: `true` on a replay, `false` otherwise.

@@ -43,6 +43,9 @@ pub(crate) struct Job {
     pub route: Arc<Route>,
     pub client_id: String,
     pub key: String,
+    /// The key as found in the body (`key_from.body`), for the answer's echo; empty when
+    /// it came in a header.
+    pub client_key: String,
     pub fingerprint: Fingerprint,
     pub parts: request::Parts,
     pub body: Bytes,

@@ -44,8 +44,16 @@ pub fn parse_key(headers: &HeaderMap, name: &HeaderName) -> Result<Option<String
         }
         raw.to_owned()
     };
+    check_key(key).map(Some)
+}
+
+/// The rules every key follows, wherever it came from.
+fn check_key(key: String) -> Result<String, String> {
     if key.is_empty() {
         return Err("it is empty".into());
+    }
+    if !is_visible_ascii(&key) {
+        return Err("it contains control or non-ASCII characters".into());
     }
     if key.len() > MAX_KEY_LEN {
         return Err(format!(
@@ -53,7 +61,59 @@ pub fn parse_key(headers: &HeaderMap, name: &HeaderName) -> Result<Option<String
             key.len()
         ));
     }
-    Ok(Some(key))
+    Ok(key)
+}
+
+/// Reads the key from the body (`key_from: { body: POINTER }`): the JSON value at the
+/// pointer in a JSON body, or the form field the pointer names (its one segment) in a
+/// form body. `None` when the body has no such member (or is neither JSON nor a form);
+/// an error reason when it has one that cannot be a key: not a string or a number, sent
+/// twice, or against the rules a header key follows. Never panics on any body.
+pub fn body_key(
+    content_type: Option<&[u8]>,
+    body: &[u8],
+    pointer: &str,
+) -> Result<Option<String>, String> {
+    if crate::fingerprint::is_json(content_type) {
+        let value: serde_json::Value = crate::canonical::parse_strict(body)
+            .map_err(|_| "the body is not valid JSON, so its key cannot be read".to_owned())?;
+        return match value.pointer(pointer) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(serde_json::Value::String(s)) => check_key(s.clone()).map(Some),
+            Some(serde_json::Value::Number(n)) => check_key(n.to_string()).map(Some),
+            Some(_) => Err("it must be a string or a number".into()),
+        };
+    }
+    if !is_form(content_type) {
+        return Ok(None);
+    }
+    let Some(field) = form_field(pointer) else {
+        return Ok(None);
+    };
+    let mut values = form_urlencoded::parse(body).filter(|(k, _)| *k == field);
+    let Some((_, value)) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err("it was sent more than once; send exactly one".into());
+    }
+    check_key(value.into_owned()).map(Some)
+}
+
+/// The form field a one-segment JSON Pointer names (`/idempotency_key`), unescaped.
+fn form_field(pointer: &str) -> Option<String> {
+    let segment = pointer.strip_prefix('/')?;
+    (!segment.contains('/')).then(|| segment.replace("~1", "/").replace("~0", "~"))
+}
+
+fn is_form(content_type: Option<&[u8]>) -> bool {
+    content_type
+        .and_then(|ct| std::str::from_utf8(ct).ok())
+        .and_then(|ct| ct.split(';').next())
+        .is_some_and(|e| {
+            e.trim()
+                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+        })
 }
 
 /// A key read from one of several headers, and the value as the client sent it (echoed

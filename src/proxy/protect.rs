@@ -12,37 +12,55 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{Request, Response, header};
 use http_body::Body;
+use http_body_util::Full;
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
 use super::body::{BoxError, CollectError, ProxyBody, collect_limited};
 use super::execute::{Job, Outcome, run};
 use super::headers::detach_headers;
-use super::key::{client_id, derived_key, hex};
+use super::key::{body_key, client_id, derived_key, hex, scoped_key};
 use super::service::Shared;
 use crate::config::Route;
 use crate::fingerprint::{self, fingerprint};
 use crate::problem::ProxyError;
 use crate::store::KeyStore;
 
-/// Handles a request on a protected route that carries a valid key.
+/// How a request on a protected route went.
+pub(crate) enum Protected {
+    /// Answered: the outcome label, the answer, and the key when it came from the body.
+    Answered(
+        &'static str,
+        Result<Response<ProxyBody>, ProxyError>,
+        Option<String>,
+    ),
+    /// It carried no key anywhere and the route does not require one: forward it as it
+    /// is (its body already read).
+    Unkeyed(Request<Full<Bytes>>),
+}
+
+/// Handles a request on a protected route that carries a valid key in a header (`key`),
+/// or, when `key` is `None`, may carry one in its body (`key_from.body`).
 pub(crate) async fn protect<S, B>(
     shared: &Arc<Shared<S>>,
     route: Arc<Route>,
-    key: String,
+    key: Option<String>,
     req: Request<B>,
     peer: SocketAddr,
-) -> (&'static str, Result<Response<ProxyBody>, ProxyError>)
+) -> Protected
 where
     S: KeyStore,
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
     let started = Instant::now();
+    let from_body = key.is_none();
     let job = match prepare(shared, Arc::clone(&route), key, req, peer).await {
-        Ok(job) => job,
-        Err(err) => return ("rejected", Err(err)),
+        Ok(Prepared::Job(job)) => job,
+        Ok(Prepared::Unkeyed(req)) => return Protected::Unkeyed(req),
+        Err(err) => return Protected::Answered("rejected", Err(err), None),
     };
+    let body_key = from_body.then(|| job.client_key.clone());
     // Logs carry short hashes of the client and of (client, key), never either in clear;
     // hashed only when the line will be written.
     let tags = tracing::enabled!(tracing::Level::INFO).then(|| {
@@ -66,17 +84,24 @@ where
             "protected request"
         );
     }
-    (outcome.as_str(), result)
+    Protected::Answered(outcome.as_str(), result, body_key)
 }
 
-/// Everything that can be the client's fault: identity, body, fingerprint.
+/// A request ready for the store, or one with no key to forward unprotected.
+enum Prepared {
+    Job(Job),
+    Unkeyed(Request<Full<Bytes>>),
+}
+
+/// Everything that can be the client's fault: identity, body, a key in the body,
+/// fingerprint.
 async fn prepare<S, B>(
     shared: &Arc<Shared<S>>,
     route: Arc<Route>,
-    key: String,
+    key: Option<String>,
     req: Request<B>,
     peer: SocketAddr,
-) -> Result<Job, ProxyError>
+) -> Result<Prepared, ProxyError>
 where
     S: KeyStore,
     B: Body<Data = Bytes> + Send + 'static,
@@ -102,6 +127,36 @@ where
         Ok(Err(CollectError::TooLarge(limit))) => return Err(ProxyError::BodyTooLarge { limit }),
         Ok(Err(CollectError::Read(e))) => return Err(ProxyError::BodyRead(e)),
         Ok(Ok(body)) => body,
+    };
+    let (key, client_key) = match key {
+        Some(key) => (key, String::new()),
+        None => {
+            let pointer = policy.key_from_body.as_deref().unwrap_or_default();
+            let content_type = parts.headers.get(header::CONTENT_TYPE);
+            let found = body_key(content_type.map(|v| v.as_bytes()), &body, pointer);
+            match found {
+                Ok(Some(sent)) => (scoped_key(&route.name, &sent, policy.key_scope), sent),
+                Ok(None) if policy.require_key => {
+                    let names: Vec<&str> = policy.key_headers.iter().map(|h| h.as_str()).collect();
+                    return Err(ProxyError::MissingKey {
+                        header: names.join("` or `"),
+                        body: Some(pointer.to_owned()),
+                    });
+                }
+                Ok(None) => {
+                    return Ok(Prepared::Unkeyed(Request::from_parts(
+                        parts,
+                        Full::new(body),
+                    )));
+                }
+                Err(reason) => {
+                    return Err(ProxyError::InvalidBodyKey {
+                        field: pointer.to_owned(),
+                        reason,
+                    });
+                }
+            }
+        }
     };
 
     let fingerprint = if policy.fingerprint_off {
@@ -138,13 +193,14 @@ where
     } else {
         body
     };
-    Ok(Job {
+    Ok(Prepared::Job(Job {
         route: Arc::clone(&route),
         client_id,
         key,
+        client_key,
         fingerprint,
         parts,
         body,
         peer,
-    })
+    }))
 }

@@ -15,7 +15,7 @@ use super::body::{BoxError, ProxyBody, boxed};
 use super::forward::{ForwardError, Forwarder};
 use super::headers::client_head;
 use super::key::{parse_keys, scoped_key};
-use super::protect;
+use super::protect::{self, Protected};
 use crate::config::{Config, EchoKey, Route};
 use crate::metrics::{KindLabel, Metrics};
 use crate::path::PathError;
@@ -185,11 +185,14 @@ impl<S: KeyStore> Proxy<S> {
         *req.uri_mut() = uri;
         let policy = &route.policy;
         let sent = match parse_keys(req.headers(), &policy.key_headers) {
-            Ok(Some(sent)) => sent,
+            Ok(Some(sent)) => Some(sent),
+            // Looked for in the body once it is read.
+            Ok(None) if policy.key_from_body.is_some() => None,
             Ok(None) if policy.require_key => {
                 let names: Vec<&str> = policy.key_headers.iter().map(|h| h.as_str()).collect();
                 let err = ProxyError::MissingKey {
                     header: names.join("` or `"),
+                    body: None,
                 };
                 return (&route.name, "rejected", Err(err));
             }
@@ -203,18 +206,24 @@ impl<S: KeyStore> Proxy<S> {
             }
         };
         // From here on every answer is a protected one, marked as such.
+        let echo =
+            |value: http::HeaderValue, header: Option<&http::HeaderName>| match &policy.echo_key {
+                EchoKey::AsSent => header.map(|h| (h.clone(), value)),
+                EchoKey::Named(name) => Some((name.clone(), value)),
+                EchoKey::Off => None,
+            };
+        let key = sent
+            .as_ref()
+            .map(|s| scoped_key(&route.name, &s.key, policy.key_scope));
         *marks = Some(Marks {
             replayed: policy.replayed_header.clone(),
-            echo: match &policy.echo_key {
-                EchoKey::AsSent => Some((sent.header.clone(), sent.sent.clone())),
-                EchoKey::Named(name) => Some((name.clone(), sent.sent.clone())),
-                EchoKey::Off => None,
-            },
+            echo: sent
+                .as_ref()
+                .and_then(|s| echo(s.sent.clone(), Some(&s.header))),
         });
-        let key = scoped_key(&route.name, &sent.key, policy.key_scope);
         // Boxed: the protected path's state is large, and every request's future (pass
         // through included) would otherwise be as large as it.
-        let (outcome, result) = Box::pin(protect::protect(
+        let protected = Box::pin(protect::protect(
             &self.shared,
             Arc::clone(route),
             key,
@@ -222,7 +231,21 @@ impl<S: KeyStore> Proxy<S> {
             peer,
         ))
         .await;
-        (&route.name, outcome, result)
+        match protected {
+            Protected::Answered(outcome, result, body_key) => {
+                // A key from the body is echoed only under a configured name.
+                if let (Some(marks), Some(key)) = (marks.as_mut(), body_key)
+                    && let Ok(value) = http::HeaderValue::from_str(&key)
+                {
+                    marks.echo = echo(value, None);
+                }
+                (&route.name, outcome, result)
+            }
+            Protected::Unkeyed(req) => {
+                *marks = None;
+                self.pass_through(&route.name, req, peer).await
+            }
+        }
     }
 
     /// The route protecting this request and its URI in the route's spelling, `None` when

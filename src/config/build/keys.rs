@@ -13,6 +13,7 @@ use crate::config::model::*;
 /// and `fingerprint` resolve to.
 pub(super) struct KeyPolicy {
     pub key_headers: Vec<HeaderName>,
+    pub key_from_body: Option<String>,
     pub key_scope: KeyScope,
     pub replayed_header: HeaderName,
     pub echo_key: EchoKey,
@@ -29,6 +30,31 @@ pub(super) fn build_keys(
     own: &FilePolicy,
 ) -> KeyPolicy {
     let key_headers = key_headers(p, at, base, own);
+    let key_from_body = match own.key_from.as_ref() {
+        None => base.and_then(|b| b.key_from_body.clone()),
+        Some(from) => match from.body.as_deref() {
+            None => {
+                p.push(
+                    format!("{at}.key_from"),
+                    "name where the key is: `{ body: /idempotency_key }`",
+                );
+                None
+            }
+            Some("") => {
+                p.push(
+                    format!("{at}.key_from.body"),
+                    "`\"\"` is the whole body; point at the member that holds the key, e.g. `/idempotency_key`",
+                );
+                None
+            }
+            Some(pointer) => {
+                if let Err(e) = crate::fingerprint::check_pointer(pointer) {
+                    p.push(format!("{at}.key_from.body"), e);
+                }
+                Some(pointer.to_owned())
+            }
+        },
+    };
     let key_scope = match own.key_scope.as_deref() {
         None => base.map_or(KeyScope::Client, |b| b.key_scope),
         Some("client") => KeyScope::Client,
@@ -96,6 +122,7 @@ pub(super) fn build_keys(
     };
     KeyPolicy {
         key_headers,
+        key_from_body,
         key_scope,
         replayed_header,
         echo_key,

@@ -165,6 +165,7 @@ pub(super) fn merge_policy(
     }
     Some(Policy {
         key_headers: keys.key_headers,
+        key_from_body: keys.key_from_body,
         key_scope: keys.key_scope,
         replayed_header: keys.replayed_header,
         echo_key: keys.echo_key,
