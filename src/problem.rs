@@ -34,6 +34,8 @@ pub enum ProxyError {
     },
     #[error("invalid idempotency key: {reason}")]
     InvalidKey { header: String, reason: String },
+    #[error("the body cannot carry the provider's key at {field}: {reason}")]
+    KeyPlacement { field: String, reason: String },
     #[error("invalid idempotency key in the body: {reason}")]
     InvalidBodyKey { field: String, reason: String },
     #[error("no client identity")]
@@ -86,6 +88,7 @@ impl ProxyError {
             | ProxyError::InvalidClientId { .. }
             | ProxyError::InvalidPath(_)
             | ProxyError::BodyRead(_)
+            | ProxyError::KeyPlacement { .. }
             | ProxyError::Body(_) => StatusCode::BAD_REQUEST,
             ProxyError::MissingClientId {
                 unauthorized: true, ..
@@ -162,6 +165,11 @@ impl ProxyError {
                 "body-unreadable",
                 "Request body could not be read",
                 "The request body ended early or was malformed. Nothing was reserved; send the request again with the same key.".to_owned(),
+            ),
+            ProxyError::KeyPlacement { field, reason } => (
+                "invalid-body",
+                "Invalid request body",
+                format!("This endpoint passes the idempotency key to the provider in the body at `{field}`, and this body cannot carry it there: {reason}. Nothing was reserved; fix the body and send it again with the same key."),
             ),
             ProxyError::Body(e) => (
                 "invalid-body",

@@ -52,6 +52,17 @@ routes:
     path: /legacy
     key_from: { body: /order_number }
     echo_key_header: X-Order-Number
+  - name: provider-body
+    methods: [POST]
+    path: /provider-body
+    require_key: true
+    upstream_key: { body: /idempotency_key }
+  - name: square-both
+    methods: [POST]
+    path: /square-both
+    require_key: true
+    key_from: { body: /idempotency_key }
+    upstream_key: { body: /idempotency_key }
   - name: quiet
     methods: [POST]
     path: /quiet
@@ -369,7 +380,65 @@ async fn bad_body_keys_are_refused(db: Backend) {
     proxy.stop().await;
 }
 
+/// `upstream_key: { body: /idempotency_key }`: the derived key reaches the provider in the
+/// body — replaced in place or added, the rest of the body byte for byte as sent — and
+/// not in a header; the fingerprint is the client's body, so a retry replays. A body
+/// that cannot carry it is refused before anything is reserved.
+async fn derived_keys_written_into_the_body(db: Backend) {
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let proxy = TestProxy::spawn(FORMS, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    let key = [("idempotency-key", "pb-1")];
+    let body = r#"{ "amount" : 1.50 ,"idempotency_key":"mine", "n":[1e2] }"#;
+    assert_eq!(
+        send(&client, "/provider-body", &key, body).await.status,
+        201
+    );
+    assert!(send(&client, "/provider-body", &key, body).await.replayed());
+    assert_eq!(upstream.executions(), 1);
+    let seen = &upstream.seen()[0];
+    assert_eq!(
+        seen.body,
+        r#"{ "amount" : 1.50 ,"idempotency_key":"shop-1:pb-1", "n":[1e2] }"#
+    );
+    assert!(seen.headers.get("idempotency-key").is_none());
+    let key = [("idempotency-key", "pb-2")];
+    assert_eq!(
+        send(&client, "/provider-body", &key, r#"{"amount":2}"#)
+            .await
+            .status,
+        201
+    );
+    assert_eq!(
+        upstream.seen()[1].body,
+        r#"{"amount":2,"idempotency_key":"shop-1:pb-2"}"#
+    );
+    // The client's key read from the body and the provider's written back in its place.
+    let square = r#"{"idempotency_key":"sq-9","amount":3}"#;
+    assert_eq!(send(&client, "/square-both", &[], square).await.status, 201);
+    assert!(send(&client, "/square-both", &[], square).await.replayed());
+    assert_eq!(
+        upstream.seen()[2].body,
+        r#"{"idempotency_key":"shop-1:sq-9","amount":3}"#
+    );
+    let rows = db.rows().await;
+    let key = [("idempotency-key", "pb-3")];
+    let refused = send(&client, "/provider-body", &key, "[1, 2]").await;
+    assert_eq!(refused.status, 400, "{refused:?}");
+    assert!(
+        refused.json()["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("invalid-body")
+    );
+    assert!(refused.detail().contains("/idempotency_key"), "{refused:?}");
+    assert_eq!(db.rows().await, rows, "nothing reserved");
+    assert_eq!(upstream.executions(), 3);
+    proxy.stop().await;
+}
+
 on_both_stores!(
+    derived_keys_written_into_the_body,
     keys_read_from_the_body,
     bad_body_keys_are_refused,
     key_header_aliases,

@@ -216,6 +216,7 @@ macro_rules! policy_struct {
             pub key_header: Option<String>,
             pub key_headers: Option<Vec<String>>,
             pub key_from: Option<FileKeyFrom>,
+            pub upstream_key: Option<FileKeyFrom>,
             pub key_scope: Option<String>,
             pub replayed_header: Option<String>,
             pub echo_key_header: Option<String>,

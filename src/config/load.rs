@@ -298,6 +298,13 @@ routes:
         );
         let e = err(&route("    key_headers: []\n"));
         assert!(e.contains("routes[0].key_headers"), "{e}");
+        let e = err(&route(
+            "    upstream_key: {}\n    key_from: { body: \"\" }\n",
+        ));
+        assert!(
+            e.contains("routes[0].upstream_key:") && e.contains("routes[0].key_from.body"),
+            "{e}"
+        );
         let e = err(&route("    key_scope: global\n"));
         assert!(
             e.contains("routes[0].key_scope") && e.contains("client_and_route"),

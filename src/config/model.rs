@@ -356,6 +356,9 @@ pub struct Policy {
     /// Where the key the client sent is echoed on every protected answer.
     pub echo_key: EchoKey,
     pub upstream_key_header: HeaderName,
+    /// Where the derived key goes in the body instead of `upstream_key_header`
+    /// (`upstream_key: { body: POINTER }`), for providers that read it there.
+    pub upstream_key_body: Option<String>,
     pub lease: Duration,
     pub retention: Duration,
     pub max_body: u64,

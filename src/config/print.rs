@@ -149,6 +149,9 @@ impl fmt::Display for Config {
             writeln!(f, "    path: {}", route.pattern.as_str())?;
             let keys: Vec<&str> = p.key_headers.iter().map(HeaderName::as_str).collect();
             writeln!(f, "    key_headers: [{}]", keys.join(", "))?;
+            if let Some(pointer) = &p.upstream_key_body {
+                writeln!(f, "    upstream_key: {{ body: \"{pointer}\" }}")?;
+            }
             if let Some(pointer) = &p.key_from_body {
                 writeln!(f, "    key_from: {{ body: \"{pointer}\" }}")?;
             }

@@ -170,7 +170,8 @@ async fn execute<S: KeyStore>(
     for name in &policy.key_headers {
         parts.headers.remove(name);
     }
-    if let Some(value) = &derived_value {
+    // Unless the provider reads it in the body, where `protect` already wrote it.
+    if let (Some(value), None) = (&derived_value, &policy.upstream_key_body) {
         parts
             .headers
             .insert(policy.upstream_key_header.clone(), value.clone());

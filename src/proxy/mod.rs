@@ -9,6 +9,7 @@ mod lease;
 mod observe;
 mod protect;
 mod reconcile;
+mod rewrite;
 mod service;
 mod upstream;
 

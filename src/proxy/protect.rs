@@ -20,6 +20,7 @@ use super::body::{BoxError, CollectError, ProxyBody, collect_limited};
 use super::execute::{Job, Outcome, run};
 use super::headers::detach_headers;
 use super::key::{body_key, client_id, derived_key, hex, scoped_key};
+use super::rewrite::set_key;
 use super::service::Shared;
 use crate::config::Route;
 use crate::fingerprint::{self, fingerprint};
@@ -188,6 +189,27 @@ where
     // URI already is one, see `Proxy::handle_inner`).
     let mut parts = parts;
     detach_headers(&mut parts.headers);
+    // The provider reads its key in the body: written there now, so that a body that
+    // cannot carry it is refused before anything is reserved.
+    let body = match &policy.upstream_key_body {
+        None => body,
+        Some(pointer) => {
+            let content_type = parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .map(|v| v.as_bytes());
+            let derived = derived_key(&client_id, &key);
+            let rewritten = set_key(content_type, &body, pointer, &derived).map_err(|reason| {
+                ProxyError::KeyPlacement {
+                    field: pointer.clone(),
+                    reason,
+                }
+            })?;
+            // The length changed: hyper sets it from the body.
+            parts.headers.remove(header::CONTENT_LENGTH);
+            rewritten
+        }
+    };
     let body = if body.len() <= shared.config.limits.max_header_bytes {
         Bytes::copy_from_slice(&body)
     } else {

@@ -14,6 +14,7 @@ use crate::config::model::*;
 pub(super) struct KeyPolicy {
     pub key_headers: Vec<HeaderName>,
     pub key_from_body: Option<String>,
+    pub upstream_key_body: Option<String>,
     pub key_scope: KeyScope,
     pub replayed_header: HeaderName,
     pub echo_key: EchoKey,
@@ -32,28 +33,11 @@ pub(super) fn build_keys(
     let key_headers = key_headers(p, at, base, own);
     let key_from_body = match own.key_from.as_ref() {
         None => base.and_then(|b| b.key_from_body.clone()),
-        Some(from) => match from.body.as_deref() {
-            None => {
-                p.push(
-                    format!("{at}.key_from"),
-                    "name where the key is: `{ body: /idempotency_key }`",
-                );
-                None
-            }
-            Some("") => {
-                p.push(
-                    format!("{at}.key_from.body"),
-                    "`\"\"` is the whole body; point at the member that holds the key, e.g. `/idempotency_key`",
-                );
-                None
-            }
-            Some(pointer) => {
-                if let Err(e) = crate::fingerprint::check_pointer(pointer) {
-                    p.push(format!("{at}.key_from.body"), e);
-                }
-                Some(pointer.to_owned())
-            }
-        },
+        Some(from) => body_pointer(p, &format!("{at}.key_from"), from.body.as_deref()),
+    };
+    let upstream_key_body = match own.upstream_key.as_ref() {
+        None => base.and_then(|b| b.upstream_key_body.clone()),
+        Some(to) => body_pointer(p, &format!("{at}.upstream_key"), to.body.as_deref()),
     };
     let key_scope = match own.key_scope.as_deref() {
         None => base.map_or(KeyScope::Client, |b| b.key_scope),
@@ -123,6 +107,7 @@ pub(super) fn build_keys(
     KeyPolicy {
         key_headers,
         key_from_body,
+        upstream_key_body,
         key_scope,
         replayed_header,
         echo_key,
@@ -174,5 +159,28 @@ fn key_headers(
             if names.is_empty() { default() } else { names }
         }
         (None, None) => base.map_or_else(default, |b| b.key_headers.clone()),
+    }
+}
+
+/// `{ body: POINTER }`: a member's JSON Pointer (not the whole body).
+fn body_pointer(p: &mut Problems, at: &str, pointer: Option<&str>) -> Option<String> {
+    match pointer {
+        None => {
+            p.push(at, "name the body member: `{ body: /idempotency_key }`");
+            None
+        }
+        Some("") => {
+            p.push(
+                format!("{at}.body"),
+                "`\"\"` is the whole body; point at the member that holds the key, e.g. `/idempotency_key`",
+            );
+            None
+        }
+        Some(pointer) => {
+            if let Err(e) = crate::fingerprint::check_pointer(pointer) {
+                p.push(format!("{at}.body"), e);
+            }
+            Some(pointer.to_owned())
+        }
     }
 }

@@ -170,6 +170,7 @@ pub(super) fn merge_policy(
         replayed_header: keys.replayed_header,
         echo_key: keys.echo_key,
         upstream_key_header: upstream_key_header?,
+        upstream_key_body: keys.upstream_key_body,
         lease,
         retention,
         max_body,
