@@ -28,6 +28,7 @@ fn reserve(key: &str, fingerprint: [u8; 32], lease: Duration) -> Write {
         lease,
         retention: DAY,
         takeover: true,
+        derived_key: None,
     })
 }
 
@@ -51,7 +52,7 @@ fn answer(body: &str) -> Completion {
 
 fn lease_of(written: &Result<Written, StoreError>) -> Lease {
     match written {
-        Ok(Written::Reservation(Reservation::Reserved(lease), _)) => *lease,
+        Ok(Written::Reservation(Reservation::Reserved(lease), _)) => lease.clone(),
         other => panic!("expected a reservation, got {other:?}"),
     }
 }
@@ -219,6 +220,7 @@ async fn concurrent_writes_through_the_queue(db: Backend) {
                     lease: LONG,
                     retention: DAY,
                     takeover: true,
+                    derived_key: None,
                 })
                 .await
                 .unwrap();
@@ -338,6 +340,7 @@ async fn writes_queued_behind_an_abandoned_lone_write_are_answered() {
                     lease: LONG,
                     retention: DAY,
                     takeover: true,
+                    derived_key: None,
                 })
                 .await
         }

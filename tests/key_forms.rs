@@ -63,6 +63,14 @@ routes:
     require_key: true
     key_from: { body: /idempotency_key }
     upstream_key: { body: /idempotency_key }
+  - name: hashed
+    methods: [POST]
+    path: /hashed
+    derived_key: { hash: sha256 }
+  - name: shortened
+    methods: [POST]
+    path: /shortened
+    derived_key: { max_length: 64 }
   - name: quiet
     methods: [POST]
     path: /quiet
@@ -437,7 +445,108 @@ async fn derived_keys_written_into_the_body(db: Backend) {
     proxy.stop().await;
 }
 
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `derived_key: { hash: sha256 }` sends 64 hex characters, the same across restarts;
+/// `{ max_length: 64 }` sends the plain form when it fits and the hash when it does not.
+async fn derived_keys_fit_the_provider(db: Backend) {
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let key = [("idempotency-key", "h-1")];
+    for _ in 0..2 {
+        let proxy = TestProxy::spawn(FORMS, &upstream, &db).await;
+        let client = TestClient::new(&proxy);
+        send(&client, "/hashed", &key, BODY).await;
+        proxy.stop().await;
+    }
+    let sent: Vec<String> = upstream
+        .seen()
+        .iter()
+        .map(|s| s.headers["idempotency-key"].to_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(sent.len(), 1, "replayed after the restart: {sent:?}");
+    assert_eq!(sent[0], sha256_hex("shop-1:h-1"));
+    let proxy = TestProxy::spawn(FORMS, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    send(&client, "/shortened", &[("idempotency-key", "short")], BODY).await;
+    let long = "l".repeat(60);
+    send(&client, "/shortened", &[("idempotency-key", &long)], BODY).await;
+    let seen = upstream.seen();
+    assert_eq!(seen[1].headers["idempotency-key"], "shop-1:short");
+    assert_eq!(
+        seen[2].headers["idempotency-key"].to_str().unwrap(),
+        sha256_hex(&format!("shop-1:{long}"))
+    );
+    proxy.stop().await;
+}
+
+/// The derived key is kept with the reservation: when `derived_key:` changes between an
+/// attempt and the retry that takes it over, the retry sends what the attempt sent —
+/// either way round — so the provider sees one operation.
+async fn a_reconfigured_derived_key_does_not_change_a_takeover(db: Backend) {
+    let upstream = Upstream::spawn(Behavior {
+        delay: std::time::Duration::from_secs(5),
+        ..Default::default()
+    })
+    .await;
+    let yaml = |form: &str| {
+        PAYMENTS
+            .replace("  timeout: 10s\n", "  timeout: 500ms\n")
+            .replace("  lease: 30s\n", "  lease: 3s\n")
+            .replace(
+                "    require_key: true\n",
+                &format!("    require_key: true\n    derived_key: {form}\n"),
+            )
+    };
+    for (first, then, key) in [
+        ("{ hash: sha256 }", "plain", "was-hashed"),
+        ("plain", "{ hash: sha256 }", "was-plain"),
+    ] {
+        upstream.set(Behavior {
+            delay: std::time::Duration::from_secs(5),
+            ..Default::default()
+        });
+        let proxy = TestProxy::spawn(&yaml(first), &upstream, &db).await;
+        let timed_out = TestClient::new(&proxy)
+            .post("/payments", "shop-1", key, BODY)
+            .await;
+        assert_eq!(timed_out.status, 504, "{timed_out:?}");
+        proxy.stop().await;
+        tokio::time::sleep(std::time::Duration::from_millis(3_300)).await;
+        upstream.set(Behavior::default());
+        let proxy = TestProxy::spawn(&yaml(then), &upstream, &db).await;
+        let retry = TestClient::new(&proxy)
+            .post("/payments", "shop-1", key, BODY)
+            .await;
+        assert_eq!(retry.status, 201, "the takeover executes: {retry:?}");
+        proxy.stop().await;
+        let sent: Vec<String> = upstream
+            .seen()
+            .iter()
+            .filter(|s| s.body.contains(&b'1'))
+            .map(|s| s.headers["idempotency-key"].to_str().unwrap().to_owned())
+            .rev()
+            .take(2)
+            .collect();
+        assert_eq!(sent[0], sent[1], "{key}: one derived key for both attempts");
+        let plain = format!("shop-1:{key}");
+        let expected = if first == "plain" {
+            plain.clone()
+        } else {
+            sha256_hex(&plain)
+        };
+        assert_eq!(sent[0], expected, "{key}");
+    }
+}
+
 on_both_stores!(
+    derived_keys_fit_the_provider,
+    a_reconfigured_derived_key_does_not_change_a_takeover,
     derived_keys_written_into_the_body,
     keys_read_from_the_body,
     bad_body_keys_are_refused,

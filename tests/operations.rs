@@ -217,6 +217,7 @@ async fn admin_api(db: Backend) {
         lease: Duration::from_millis(1),
         retention: Duration::from_secs(3600),
         takeover: true,
+        derived_key: None,
     };
     assert!(matches!(
         store.reserve(&req).await.unwrap(),
@@ -269,6 +270,7 @@ async fn sweep_command(db: Backend) {
         lease,
         retention,
         takeover: true,
+        derived_key: None,
     };
     let ms = Duration::from_millis(1);
     let hour = Duration::from_secs(3600);

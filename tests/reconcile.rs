@@ -191,6 +191,7 @@ async fn keys_without_a_probe_are_left_alone(db: Backend) {
         lease: Duration::from_millis(1),
         retention: Duration::from_secs(3600),
         takeover: true,
+        derived_key: None,
     };
     use idemproxy::store::KeyStore;
     db.store().reserve(&req).await.unwrap();

@@ -173,6 +173,7 @@ fn req<'a>(
         lease,
         retention,
         takeover: true,
+        derived_key: None,
     }
 }
 
@@ -734,7 +735,35 @@ async fn concurrent_claims_and_takeovers_split_the_keys(db: Subject) {
     assert_eq!(owners, expected, "each key exactly once");
 }
 
+/// The derived key given with a new reservation is kept with the row and handed to the
+/// takeover, whatever the takeover's caller would send; a row reserved without one stays
+/// plain (`None`) when taken over by a caller that would send another.
+async fn derived_keys_are_kept_for_takeovers(db: Subject) {
+    let store = db.store();
+    for (key, first, then) in [("hashed", Some("h-1"), None), ("plain", None, Some("h-2"))] {
+        let request = |lease, derived_key| ReserveRequest {
+            derived_key,
+            ..req(key, &FP, lease, DAY)
+        };
+        match store.reserve(&request(TINY, first)).await.unwrap() {
+            Reservation::Reserved(lease) => assert_eq!(lease.derived_key.as_deref(), first),
+            other => panic!("{other:?}"),
+        }
+        expire().await;
+        match store.reserve(&request(LONG, then)).await.unwrap() {
+            Reservation::Reserved(lease) => {
+                assert!(lease.takeover);
+                assert_eq!(lease.derived_key.as_deref(), first, "{key}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let row = store.lookup("client", key).await.unwrap().unwrap();
+        assert_eq!(row.derived_key.as_deref(), first);
+    }
+}
+
 conformance!(
+    derived_keys_are_kept_for_takeovers,
     reconciler_claims_unresolved_keys,
     deferred_keys_wait_out_their_backoff,
     concurrent_claims_and_takeovers_split_the_keys,

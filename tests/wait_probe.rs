@@ -97,6 +97,7 @@ async fn completion_notifies_other_replicas() {
         lease: Duration::from_secs(30),
         retention: Duration::from_secs(3600),
         takeover: true,
+        derived_key: None,
     };
     let Reservation::Reserved(lease) = b.reserve(&req).await.unwrap() else {
         panic!("reserved")

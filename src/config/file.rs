@@ -150,6 +150,22 @@ pub struct FileKeyFrom {
     pub body: Option<String>,
 }
 
+/// `derived_key: plain`, `{ hash: sha256 }` or `{ max_length: 64 }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum FileDerivedKey {
+    Word(String),
+    Spec(FileDerivedKeySpec),
+}
+
+/// The mapping form of `derived_key:`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileDerivedKeySpec {
+    pub hash: Option<String>,
+    pub max_length: Option<usize>,
+}
+
 /// `fingerprint: none` or `fingerprint: { fields: [...], headers: [...] }`.
 #[derive(Debug, Clone)]
 pub enum FileFingerprintSpec {
@@ -217,6 +233,7 @@ macro_rules! policy_struct {
             pub key_headers: Option<Vec<String>>,
             pub key_from: Option<FileKeyFrom>,
             pub upstream_key: Option<FileKeyFrom>,
+            pub derived_key: Option<FileDerivedKey>,
             pub key_scope: Option<String>,
             pub replayed_header: Option<String>,
             pub echo_key_header: Option<String>,

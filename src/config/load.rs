@@ -305,6 +305,13 @@ routes:
             e.contains("routes[0].upstream_key:") && e.contains("routes[0].key_from.body"),
             "{e}"
         );
+        let e = err(&route("    derived_key: { max_length: 40 }\n"));
+        assert!(
+            e.contains("routes[0].derived_key.max_length") && e.contains("64"),
+            "{e}"
+        );
+        let e = err(&route("    derived_key: { hash: md5 }\n"));
+        assert!(e.contains("routes[0].derived_key.hash"), "{e}");
         let e = err(&route("    key_scope: global\n"));
         assert!(
             e.contains("routes[0].key_scope") && e.contains("client_and_route"),

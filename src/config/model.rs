@@ -356,6 +356,8 @@ pub struct Policy {
     /// Where the key the client sent is echoed on every protected answer.
     pub echo_key: EchoKey,
     pub upstream_key_header: HeaderName,
+    /// The form of the derived key sent upstream.
+    pub derived_key: DerivedKey,
     /// Where the derived key goes in the body instead of `upstream_key_header`
     /// (`upstream_key: { body: POINTER }`), for providers that read it there.
     pub upstream_key_body: Option<String>,
@@ -386,6 +388,17 @@ pub struct Policy {
     pub ambiguous_statuses: Vec<u16>,
     /// What a retry of an unresolved key (lease run out, outcome unknown) does.
     pub takeover: Takeover,
+}
+
+/// The form of the key sent to the provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DerivedKey {
+    /// `client_id:key` (up to 511 characters, more with `key_scope: client_and_route`).
+    Plain,
+    /// The SHA-256 of the plain form, 64 hex characters.
+    Sha256,
+    /// Plain when it is at most this long, else the SHA-256 form.
+    MaxLength(usize),
 }
 
 /// Where a protected answer echoes the client's key.

@@ -149,6 +149,11 @@ impl fmt::Display for Config {
             writeln!(f, "    path: {}", route.pattern.as_str())?;
             let keys: Vec<&str> = p.key_headers.iter().map(HeaderName::as_str).collect();
             writeln!(f, "    key_headers: [{}]", keys.join(", "))?;
+            match p.derived_key {
+                DerivedKey::Plain => writeln!(f, "    derived_key: plain")?,
+                DerivedKey::Sha256 => writeln!(f, "    derived_key: {{ hash: sha256 }}")?,
+                DerivedKey::MaxLength(n) => writeln!(f, "    derived_key: {{ max_length: {n} }}")?,
+            }
             if let Some(pointer) = &p.upstream_key_body {
                 writeln!(f, "    upstream_key: {{ body: \"{pointer}\" }}")?;
             }

@@ -22,6 +22,7 @@ use super::headers::{client_head, decode_stored, encode_stored};
 use super::key::derived_key;
 use super::lease::{Finish, Holder};
 use super::observe::Observed;
+use super::rewrite::set_key;
 use super::service::{Shared, error_chain};
 use super::upstream::{Probe, Upstream, ask_probe, call_upstream};
 use crate::config::{Ambiguous, OnConflict, Policy, Route, Takeover};
@@ -46,6 +47,9 @@ pub(crate) struct Job {
     /// The key as found in the body (`key_from.body`), for the answer's echo; empty when
     /// it came in a header.
     pub client_key: String,
+    /// The derived key in the route's form when it is not plain, kept with a new
+    /// reservation.
+    pub derived_key: Option<String>,
     pub fingerprint: Fingerprint,
     pub parts: request::Parts,
     pub body: Bytes,
@@ -157,8 +161,27 @@ async fn execute<S: KeyStore>(
             "took over an expired lease; re-executing with the same derived key"
         );
     }
-    let derived = derived_key(&job.client_id, &job.key);
+    // What the first attempt sent, as the row keeps it (a takeover after `derived_key:`
+    // was reconfigured still sends the same key).
+    let derived = lease
+        .derived_key
+        .clone()
+        .unwrap_or_else(|| derived_key(&job.client_id, &job.key));
     let derived_value = HeaderValue::from_str(&derived).ok();
+    let mut body = job.body;
+    let written = job
+        .derived_key
+        .unwrap_or_else(|| derived_key(&job.client_id, &job.key));
+    if let Some(pointer) = &policy.upstream_key_body
+        && written != derived
+    {
+        // `protect` wrote the key in this configuration's form; the row says otherwise.
+        let content_type = job.parts.headers.get(http::header::CONTENT_TYPE);
+        if let Ok(rewritten) = set_key(content_type.map(|v| v.as_bytes()), &body, pointer, &derived)
+        {
+            body = rewritten;
+        }
+    }
     let fence = Fence {
         client_id: job.client_id,
         key: job.key,
@@ -178,7 +201,7 @@ async fn execute<S: KeyStore>(
     }
     let request = shared
         .forwarder
-        .upstream_request(parts, full(job.body), job.peer);
+        .upstream_request(parts, full(body), job.peer);
     // Only a re-execution asks the probe: the first attempt may have happened.
     let probe = policy.recovery_probe.as_ref().filter(|_| lease.takeover);
     let work = async {
@@ -342,6 +365,7 @@ async fn reserve<S: KeyStore>(shared: &Shared<S>, job: &Job) -> Result<Reservati
         lease: policy.lease,
         retention: policy.retention,
         takeover: policy.takeover == Takeover::Execute,
+        derived_key: job.derived_key.as_deref(),
     };
     let first = store.reserve(&request).await;
     let OnConflict::Wait(limit) = policy.on_conflict else {

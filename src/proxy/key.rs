@@ -258,6 +258,24 @@ pub fn client_id(headers: &HeaderMap, source: &ClientIdSource) -> Result<String,
     }
 }
 
+/// The derived key in the route's form, `None` when it is the plain one (which is not
+/// stored: a row without a derived key is plain).
+pub fn formatted_derived_key(
+    client_id: &str,
+    key: &str,
+    form: crate::config::DerivedKey,
+) -> Option<String> {
+    use crate::config::DerivedKey;
+    let plain = derived_key(client_id, key);
+    match form {
+        DerivedKey::Plain => None,
+        DerivedKey::MaxLength(n) if plain.len() <= n => None,
+        DerivedKey::Sha256 | DerivedKey::MaxLength(_) => {
+            Some(hex(&Sha256::digest(plain.as_bytes())))
+        }
+    }
+}
+
 /// The key sent upstream: `client_id:key`, with `%` and `:` in the client id percent-encoded
 /// so that no two `(client_id, key)` pairs can produce the same derived key.
 pub fn derived_key(client_id: &str, key: &str) -> String {

@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use super::body::{BoxError, CollectError, ProxyBody, collect_limited};
 use super::execute::{Job, Outcome, run};
 use super::headers::detach_headers;
-use super::key::{body_key, client_id, derived_key, hex, scoped_key};
+use super::key::{body_key, client_id, derived_key, formatted_derived_key, hex, scoped_key};
 use super::rewrite::set_key;
 use super::service::Shared;
 use crate::config::Route;
@@ -189,6 +189,7 @@ where
     // URI already is one, see `Proxy::handle_inner`).
     let mut parts = parts;
     detach_headers(&mut parts.headers);
+    let derived_form = formatted_derived_key(&client_id, &key, policy.derived_key);
     // The provider reads its key in the body: written there now, so that a body that
     // cannot carry it is refused before anything is reserved.
     let body = match &policy.upstream_key_body {
@@ -198,7 +199,9 @@ where
                 .headers
                 .get(header::CONTENT_TYPE)
                 .map(|v| v.as_bytes());
-            let derived = derived_key(&client_id, &key);
+            let derived = derived_form
+                .clone()
+                .unwrap_or_else(|| derived_key(&client_id, &key));
             let rewritten = set_key(content_type, &body, pointer, &derived).map_err(|reason| {
                 ProxyError::KeyPlacement {
                     field: pointer.clone(),
@@ -220,6 +223,7 @@ where
         client_id,
         key,
         client_key,
+        derived_key: derived_form,
         fingerprint,
         parts,
         body,

@@ -173,7 +173,10 @@ async fn settle<S: KeyStore>(
     let Some(probe) = &policy.recovery_probe else {
         return Said::Inconclusive;
     };
-    let derived = derived_key(&fence.client_id, &fence.key);
+    let derived = record
+        .derived_key
+        .clone()
+        .unwrap_or_else(|| derived_key(&fence.client_id, &fence.key));
     let value = HeaderValue::from_str(&derived).ok();
     let asked = holder
         .during(ask_probe(shared, probe, &derived, value, policy, SELF_PEER))

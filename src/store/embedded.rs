@@ -25,7 +25,7 @@ use super::group_commit::{GroupCommit, Write, WriteBatch, Written};
 use super::replay_cache::{ReplayCache, reserve_through};
 use super::types::*;
 
-const SCHEMA_VERSION: i32 = 2;
+const SCHEMA_VERSION: i32 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idempotency_keys (
@@ -60,6 +60,9 @@ ALTER TABLE idempotency_keys ADD COLUMN probe_after_ms INTEGER;
 CREATE INDEX idempotency_keys_unresolved ON idempotency_keys (locked_until_ms)
     WHERE status = 'in_progress';
 ";
+
+/// Version 3: the derived key a reservation sent, when it is not the plain one.
+const SCHEMA_3: &str = "ALTER TABLE idempotency_keys ADD COLUMN derived_key TEXT;";
 
 /// SQLite-backed [`KeyStore`] for a single instance.
 #[derive(Clone)]
@@ -168,7 +171,12 @@ impl EmbeddedStore {
         }
         if version < 2 {
             conn.execute_batch(&format!(
-                "BEGIN IMMEDIATE; {SCHEMA_2} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+                "BEGIN IMMEDIATE; {SCHEMA_2} PRAGMA user_version = 2; COMMIT;"
+            ))?;
+        }
+        if version < 3 {
+            conn.execute_batch(&format!(
+                "BEGIN IMMEDIATE; {SCHEMA_3} PRAGMA user_version = 3; COMMIT;"
             ))?;
         }
         Ok(Self {

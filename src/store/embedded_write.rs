@@ -153,8 +153,8 @@ fn reserve(
             let token = next_token(conn)?;
             conn.prepare_cached(
                 "INSERT INTO idempotency_keys (client_id, key, route, fingerprint, status, lease_token, \
-                 locked_until_ms, attempts, created_ms, expires_ms) \
-                 VALUES (?1, ?2, ?3, ?4, 'in_progress', ?5, ?6, 1, ?7, ?8)",
+                 locked_until_ms, attempts, created_ms, expires_ms, derived_key) \
+                 VALUES (?1, ?2, ?3, ?4, 'in_progress', ?5, ?6, 1, ?7, ?8, ?9)",
             )?
             .execute(params![
                 r.client_id,
@@ -164,12 +164,14 @@ fn reserve(
                 token,
                 now.saturating_add(lease),
                 now,
-                now.saturating_add(retention)
+                now.saturating_add(retention),
+                r.derived_key
             ])?;
             Reservation::Reserved(Lease {
                 token,
                 attempts: 1,
                 takeover: false,
+                derived_key: r.derived_key.clone(),
             })
         }
         Some(row) if row.fingerprint != r.fingerprint => Reservation::Mismatch,
@@ -197,10 +199,10 @@ fn reserve(
         },
         Some(_) => {
             let token = next_token(conn)?;
-            let attempts: i32 = conn
+            let (attempts, derived_key): (i32, Option<String>) = conn
                 .prepare_cached(
                     "UPDATE idempotency_keys SET lease_token = ?3, locked_until_ms = ?4, attempts = attempts + 1, \
-                     expires_ms = ?5 WHERE client_id = ?1 AND key = ?2 RETURNING attempts",
+                     expires_ms = ?5 WHERE client_id = ?1 AND key = ?2 RETURNING attempts, derived_key",
                 )?
                 .query_row(
                     params![
@@ -210,12 +212,13 @@ fn reserve(
                         now.saturating_add(lease),
                         now.saturating_add(retention)
                     ],
-                    |row| row.get(0),
+                    |row| Ok((row.get(0)?, row.get(1)?)),
                 )?;
             Reservation::Reserved(Lease {
                 token,
                 attempts,
                 takeover: true,
+                derived_key,
             })
         }
     };
@@ -228,7 +231,7 @@ pub(super) fn millis(d: Duration) -> i64 {
 
 /// The columns [`record`] reads, in its order.
 pub(super) const RECORD_COLUMNS: &str = "client_id, key, route, status, fingerprint, lease_token, locked_until_ms, attempts, \
-     response_status, length(response_body), replayable, created_ms, completed_ms, expires_ms, probes, probe_after_ms";
+     response_status, length(response_body), replayable, created_ms, completed_ms, expires_ms, probes, probe_after_ms, derived_key";
 
 /// A row as operators see it.
 pub(super) fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRecord> {
@@ -256,6 +259,7 @@ pub(super) fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRecord> {
         expires_at_ms: r.get(13)?,
         probes: r.get(14)?,
         probe_after_ms: r.get(15)?,
+        derived_key: r.get(16)?,
     })
 }
 

@@ -49,6 +49,7 @@ pub struct Reserve {
     pub lease: Duration,
     pub retention: Duration,
     pub takeover: bool,
+    pub derived_key: Option<String>,
 }
 
 impl Reserve {
@@ -62,6 +63,7 @@ impl Reserve {
             lease: self.lease,
             retention: self.retention,
             takeover: self.takeover,
+            derived_key: self.derived_key.as_deref(),
         }
     }
 }
@@ -76,6 +78,7 @@ impl From<&ReserveRequest<'_>> for Reserve {
             lease: r.lease,
             retention: r.retention,
             takeover: r.takeover,
+            derived_key: r.derived_key.map(str::to_owned),
         }
     }
 }

@@ -60,6 +60,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../migrations/0005_unresolved_index.sql"),
         concurrent_index: Some("idempotency_keys_unresolved"),
     },
+    plain(
+        6,
+        "derived_key",
+        include_str!("../../migrations/0006_derived_key.sql"),
+    ),
 ];
 
 /// The schema version this binary needs: the last migration's.

@@ -12,8 +12,9 @@ use super::postgres::Param;
 use super::types::*;
 
 const BATCH: &str = "SELECT o_index, o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
-     o_response_status, o_response_headers, o_response_body, o_replayable, o_expires_in_ms \
-     FROM idempotency_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
+     o_response_status, o_response_headers, o_response_body, o_replayable, o_expires_in_ms, \
+     o_derived_key \
+     FROM idempotency_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
 
 impl WriteBatch for PgStore {
     async fn write_batch(&self, writes: Vec<Write>) -> Vec<Result<Written, StoreError>> {
@@ -109,6 +110,7 @@ impl PgStore {
                                 (&lease, Type::INT8),
                                 (&retention, Type::INT8),
                                 (&req.takeover, Type::BOOL),
+                                (&req.derived_key, Type::TEXT),
                             ],
                         )
                         .await?;
@@ -166,6 +168,7 @@ impl PgStore {
         let mut replayable: Vec<Option<bool>> = Vec::with_capacity(n);
         let mut notify: Vec<Option<String>> = Vec::with_capacity(n);
         let mut takeover: Vec<Option<bool>> = Vec::with_capacity(n);
+        let mut derived: Vec<Option<&str>> = Vec::with_capacity(n);
         for &i in &order {
             let (c, k) = writes[i].row();
             client_id.push(c);
@@ -188,6 +191,7 @@ impl PgStore {
             );
             token.push(fence.map(|f| f.token));
             takeover.push(reserve.map(|r| r.takeover));
+            derived.push(reserve.and_then(|r| r.derived_key.as_deref()));
             // Hashed only when someone may be waiting; otherwise no NOTIFY is sent.
             notify.push(
                 fence
@@ -220,6 +224,7 @@ impl PgStore {
                             (&replayable, Type::BOOL_ARRAY),
                             (&notify, Type::TEXT_ARRAY),
                             (&takeover, Type::BOOL_ARRAY),
+                            (&derived, Type::TEXT_ARRAY),
                         ],
                     )
                     .await?)

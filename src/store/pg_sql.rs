@@ -4,8 +4,9 @@
 use super::types::*;
 
 pub(super) const RESERVE: &str = "SELECT o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
-     o_response_status, o_response_headers, o_response_body, o_replayable, o_expires_in_ms \
-     FROM idempotency_reserve($1, $2, $3, $4, $5, $6, $7)";
+     o_response_status, o_response_headers, o_response_body, o_replayable, o_expires_in_ms, \
+     o_derived_key \
+     FROM idempotency_reserve($1, $2, $3, $4, $5, $6, $7, $8)";
 
 pub(super) const RENEW: &str = "UPDATE idempotency_keys \
      SET locked_until = now() + $4::int8 * interval '1 millisecond' \
@@ -34,7 +35,7 @@ pub(super) const RECORD_COLUMNS: &str = "client_id, key, route, status, fingerpr
      (extract(epoch FROM locked_until - now()) * 1000)::int8, attempts, response_status, \
      length(response_body)::int8, replayable, (extract(epoch FROM created_at) * 1000)::int8, \
      (extract(epoch FROM completed_at) * 1000)::int8, (extract(epoch FROM expires_at) * 1000)::int8, \
-     probes, (extract(epoch FROM probe_after) * 1000)::int8";
+     probes, (extract(epoch FROM probe_after) * 1000)::int8, derived_key";
 
 /// An eviction tells every replica's replay cache (`$3`: the key's id) in the same round
 /// trip.
@@ -62,7 +63,7 @@ pub(super) fn sweep_unresolved_sql() -> String {
     )
 }
 
-/// A reservation's answer, in `idempotency_reserve()`'s nine columns from column `at`, and
+/// A reservation's answer, in `idempotency_reserve()`'s ten columns from column `at`, and
 /// for a completed key how much longer its row is kept.
 pub(super) fn reservation(
     row: &tokio_postgres::Row,
@@ -77,6 +78,7 @@ pub(super) fn reservation(
             token: row.try_get(at + 1)?,
             attempts: row.try_get(at + 2)?,
             takeover: outcome == "taken_over",
+            derived_key: row.try_get(at + 9)?,
         }),
         "in_progress" => {
             let ms: i64 = row.try_get(at + 3)?;
@@ -137,5 +139,6 @@ pub(super) fn record(r: &tokio_postgres::Row) -> Result<KeyRecord, StoreError> {
         expires_at_ms: r.try_get(13)?,
         probes: r.try_get(14)?,
         probe_after_ms: r.try_get(15)?,
+        derived_key: r.try_get(16)?,
     })
 }

@@ -278,6 +278,7 @@ mod tests {
             lease: Duration::from_secs(1),
             retention: Duration::from_secs(60),
             takeover: true,
+            derived_key: None,
         }
     }
 

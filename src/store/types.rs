@@ -25,10 +25,13 @@ pub struct ReserveRequest<'a> {
     /// Whether an expired lease may be taken over (re-executed); when not, such a key is
     /// reported [`Reservation::Unresolved`] and left as it is (`takeover: never`).
     pub takeover: bool,
+    /// The derived key to keep with a new reservation when it is not the plain
+    /// `client_id:key` (`derived_key:` hashes or shortens it); `None`: plain.
+    pub derived_key: Option<&'a str>,
 }
 
 /// A lease we hold on a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     /// The fencing token: unique per reservation, never reused.
     pub token: i64,
@@ -36,6 +39,9 @@ pub struct Lease {
     pub attempts: i32,
     /// Whether this reservation took over an expired lease (a re-execution).
     pub takeover: bool,
+    /// The derived key kept with the row (the first reservation's), `None` for plain:
+    /// a takeover sends what the first attempt sent, whatever the configuration says now.
+    pub derived_key: Option<String>,
 }
 
 /// A stored upstream answer, as replayed.
@@ -147,6 +153,8 @@ pub struct KeyRecord {
     pub probes: i32,
     /// Unix milliseconds before which the reconciler leaves the key alone (its backoff).
     pub probe_after_ms: Option<i64>,
+    /// The derived key kept with the row; `None`: plain `client_id:key`.
+    pub derived_key: Option<String>,
 }
 
 /// An unresolved key the reconciler took over to ask the recovery probe about.

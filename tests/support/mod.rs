@@ -1180,6 +1180,7 @@ pub async fn crashed_reservation(db: &Backend, client_id: &str, key: &str) {
         lease: Duration::from_millis(1),
         retention: Duration::from_secs(3600),
         takeover: true,
+        derived_key: None,
     };
     assert!(matches!(
         db.store().reserve(&req).await.unwrap(),

@@ -6,7 +6,7 @@
 use http::HeaderName;
 
 use super::{Problems, header_name};
-use crate::config::file::{FileFingerprintSpec, FilePolicy};
+use crate::config::file::{FileDerivedKey, FileFingerprintSpec, FilePolicy};
 use crate::config::model::*;
 
 /// What `key_header`/`key_headers`, `key_scope`, `replayed_header`, `echo_key_header`
@@ -15,6 +15,7 @@ pub(super) struct KeyPolicy {
     pub key_headers: Vec<HeaderName>,
     pub key_from_body: Option<String>,
     pub upstream_key_body: Option<String>,
+    pub derived_key: DerivedKey,
     pub key_scope: KeyScope,
     pub replayed_header: HeaderName,
     pub echo_key: EchoKey,
@@ -39,6 +40,7 @@ pub(super) fn build_keys(
         None => base.and_then(|b| b.upstream_key_body.clone()),
         Some(to) => body_pointer(p, &format!("{at}.upstream_key"), to.body.as_deref()),
     };
+    let derived_key = derived_key(p, at, base, own);
     let key_scope = match own.key_scope.as_deref() {
         None => base.map_or(KeyScope::Client, |b| b.key_scope),
         Some("client") => KeyScope::Client,
@@ -108,6 +110,7 @@ pub(super) fn build_keys(
         key_headers,
         key_from_body,
         upstream_key_body,
+        derived_key,
         key_scope,
         replayed_header,
         echo_key,
@@ -182,5 +185,50 @@ fn body_pointer(p: &mut Problems, at: &str, pointer: Option<&str>) -> Option<Str
             }
             Some(pointer.to_owned())
         }
+    }
+}
+
+/// A SHA-256 derived key's length: the shortest `max_length` can be.
+const HASHED_LEN: usize = 64;
+
+/// `derived_key: plain | { hash: sha256 } | { max_length: N }`.
+fn derived_key(p: &mut Problems, at: &str, base: Option<&Policy>, own: &FilePolicy) -> DerivedKey {
+    let key = format!("{at}.derived_key");
+    match &own.derived_key {
+        None => base.map_or(DerivedKey::Plain, |b| b.derived_key),
+        Some(FileDerivedKey::Word(w)) if w == "plain" => DerivedKey::Plain,
+        Some(FileDerivedKey::Word(w)) => {
+            p.push(
+                key,
+                format!("`{w}`: use `plain` (client_id:key), `{{ hash: sha256 }}` or `{{ max_length: 64 }}`"),
+            );
+            DerivedKey::Plain
+        }
+        Some(FileDerivedKey::Spec(spec)) => match (spec.hash.as_deref(), spec.max_length) {
+            (Some("sha256"), None) => DerivedKey::Sha256,
+            (Some(other), None) => {
+                p.push(
+                    format!("{key}.hash"),
+                    format!("`{other}`: only `sha256` is offered"),
+                );
+                DerivedKey::Plain
+            }
+            (None, Some(n)) if n < HASHED_LEN => {
+                p.push(
+                    format!("{key}.max_length"),
+                    format!("{n} is shorter than a hashed key ({HASHED_LEN} characters), so a long key could not be sent at all; the provider needs to accept at least {HASHED_LEN}"),
+                );
+                DerivedKey::Plain
+            }
+            (None, Some(n)) => DerivedKey::MaxLength(n),
+            (Some(_), Some(_)) => {
+                p.push(key, "give `hash` or `max_length`, not both");
+                DerivedKey::Plain
+            }
+            (None, None) => {
+                p.push(key, "give `{ hash: sha256 }` or `{ max_length: N }`");
+                DerivedKey::Plain
+            }
+        },
     }
 }

@@ -171,6 +171,7 @@ pub(super) fn merge_policy(
         echo_key: keys.echo_key,
         upstream_key_header: upstream_key_header?,
         upstream_key_body: keys.upstream_key_body,
+        derived_key: keys.derived_key,
         lease,
         retention,
         max_body,

@@ -157,6 +157,7 @@ fn route_policy(r: &FileRoute) -> FilePolicy {
         key_headers: r.key_headers.clone(),
         key_from: r.key_from.clone(),
         upstream_key: r.upstream_key.clone(),
+        derived_key: r.derived_key.clone(),
         key_scope: r.key_scope.clone(),
         replayed_header: r.replayed_header.clone(),
         echo_key_header: r.echo_key_header.clone(),
