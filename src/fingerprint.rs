@@ -58,6 +58,11 @@ fn body_kind(content_type: Option<&[u8]>) -> BodyKind {
     }
 }
 
+/// Whether a body of this content type is a URL-encoded form.
+pub fn is_form(content_type: Option<&[u8]>) -> bool {
+    body_kind(content_type) == BodyKind::Form
+}
+
 /// Whether a request with this content type must carry valid JSON.
 pub fn is_json(content_type: Option<&[u8]>) -> bool {
     body_kind(content_type) == BodyKind::Json

@@ -26,6 +26,22 @@ fn reconciling(interval: &str, batch: u32) -> String {
         + &format!("reconcile:\n  interval: {interval}\n  batch: {batch}\n")
 }
 
+/// `idemproxy_reconciled_total` of `/payments` for one outcome.
+async fn reconciled(admin: std::net::SocketAddr, outcome: &str) -> f64 {
+    let series =
+        format!(r#"idemproxy_reconciled_total{{route="create-payment",outcome="{outcome}"}}"#);
+    metric(admin, &series).await
+}
+
+/// `idemproxy_unresolved_keys` of `/payments`.
+async fn unresolved_gauge(admin: std::net::SocketAddr) -> f64 {
+    metric(
+        admin,
+        r#"idemproxy_unresolved_keys{route="create-payment"}"#,
+    )
+    .await
+}
+
 /// Waits (up to `limit`) until the key's row satisfies `done`.
 async fn row_becomes(
     db: &Backend,
@@ -71,14 +87,7 @@ async fn found_operations_are_stored_without_a_retry(db: Backend) {
     assert!(retry.replayed(), "{retry:?}");
     assert_eq!(retry.json()["charge_id"], 1);
     assert_eq!(upstream.executions(), 1, "never executed again");
-    assert_eq!(
-        metric(
-            proxy.admin,
-            r#"idemproxy_reconciled_total{route="create-payment",outcome="found"}"#
-        )
-        .await,
-        1.0
-    );
+    assert_eq!(reconciled(proxy.admin, "found").await, 1.0);
     proxy.stop().await;
 }
 
@@ -96,14 +105,7 @@ async fn missing_operations_are_released(db: Backend) {
     assert_eq!((retry.status.as_u16(), retry.replayed()), (201, false));
     assert_eq!(upstream.executions(), 1);
     assert_eq!(upstream.probes(), 1, "a fresh reservation does not probe");
-    assert_eq!(
-        metric(
-            proxy.admin,
-            r#"idemproxy_reconciled_total{route="create-payment",outcome="not_found"}"#
-        )
-        .await,
-        1.0
-    );
+    assert_eq!(reconciled(proxy.admin, "not_found").await, 1.0);
     proxy.stop().await;
 }
 
@@ -143,21 +145,10 @@ async fn inconclusive_probes_back_off(db: Backend) {
     assert_eq!(shown["reconciler"], true, "{shown}");
     assert!(shown["probes"].as_i64().unwrap() >= 3, "{shown}");
     assert!(shown["next_probe_at"].is_string(), "{shown}");
-    assert!(
-        metric(
-            proxy.admin,
-            r#"idemproxy_reconciled_total{route="create-payment",outcome="inconclusive"}"#
-        )
-        .await
-            >= 3.0
-    );
+    assert!(reconciled(proxy.admin, "inconclusive").await >= 3.0);
     // The gauge is brought up to date after every pass.
     let counted = eventually(Duration::from_secs(5), || async {
-        let n = metric(
-            proxy.admin,
-            r#"idemproxy_unresolved_keys{route="create-payment"}"#,
-        )
-        .await;
+        let n = unresolved_gauge(proxy.admin).await;
         (n == 1.0).then_some(())
     })
     .await;
@@ -165,11 +156,7 @@ async fn inconclusive_probes_back_off(db: Backend) {
     upstream.set(Behavior::default());
     row_becomes(&db, "unsure", Duration::from_secs(20), |r| r.is_none()).await;
     let zero = eventually(Duration::from_secs(5), || async {
-        let n = metric(
-            proxy.admin,
-            r#"idemproxy_unresolved_keys{route="create-payment"}"#,
-        )
-        .await;
+        let n = unresolved_gauge(proxy.admin).await;
         (n == 0.0).then_some(())
     })
     .await;
@@ -304,11 +291,7 @@ async fn replicas_probe_each_key_once() {
     assert_eq!(upstream.executions(), keys.len(), "only the direct charges");
     let mut found = 0.0;
     for replica in &replicas {
-        found += metric(
-            replica.admin,
-            r#"idemproxy_reconciled_total{route="create-payment",outcome="found"}"#,
-        )
-        .await;
+        found += reconciled(replica.admin, "found").await;
     }
     assert_eq!(found, keys.len() as f64);
     for replica in replicas {

@@ -20,7 +20,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use super::body::{Prefixed, ProxyBody, boxed, full};
 use super::headers::{client_head, decode_stored, encode_stored};
 use super::key::derived_key;
-use super::lease::{Finish, Holder};
+use super::lease::{Finish, Holder, fence_for};
 use super::observe::Observed;
 use super::rewrite::set_key;
 use super::service::{Shared, error_chain};
@@ -30,8 +30,7 @@ use crate::fingerprint::Fingerprint;
 use crate::metrics::Metrics;
 use crate::problem::ProxyError;
 use crate::store::{
-    Completion, Fence, KeyStore, Lease, Reservation, ReserveRequest, StoreError, StoredResponse,
-    key_id,
+    Completion, KeyStore, Lease, Reservation, ReserveRequest, StoreError, StoredResponse, key_id,
 };
 
 /// How often a waiting duplicate re-checks the row if no notification came.
@@ -182,13 +181,7 @@ async fn execute<S: KeyStore>(
             body = rewritten;
         }
     }
-    let fence = Fence {
-        client_id: job.client_id,
-        key: job.key,
-        token: lease.token,
-        notify: matches!(policy.on_conflict, OnConflict::Wait(_)),
-        retention: policy.retention,
-    };
+    let fence = fence_for(policy, job.client_id, job.key, lease.token);
     let mut parts = job.parts;
     for name in &policy.key_headers {
         parts.headers.remove(name);

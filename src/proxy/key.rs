@@ -84,7 +84,7 @@ pub fn body_key(
             Some(_) => Err("it must be a string or a number".into()),
         };
     }
-    if !is_form(content_type) {
+    if !crate::fingerprint::is_form(content_type) {
         return Ok(None);
     }
     let Some(field) = form_field(pointer) else {
@@ -104,16 +104,6 @@ pub fn body_key(
 fn form_field(pointer: &str) -> Option<String> {
     let segment = pointer.strip_prefix('/')?;
     (!segment.contains('/')).then(|| segment.replace("~1", "/").replace("~0", "~"))
-}
-
-fn is_form(content_type: Option<&[u8]>) -> bool {
-    content_type
-        .and_then(|ct| std::str::from_utf8(ct).ok())
-        .and_then(|ct| ct.split(';').next())
-        .is_some_and(|e| {
-            e.trim()
-                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
-        })
 }
 
 /// A key read from one of several headers, and the value as the client sent it (echoed

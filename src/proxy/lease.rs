@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::observe::Observed;
+use crate::config::{OnConflict, Policy};
 use crate::store::{Completion, Fence, Fenced, KeyStore, StoreError};
 
 /// How long to keep retrying a completion or release the store refused to take.
@@ -24,6 +25,18 @@ const RETRY_WINDOW: Duration = Duration::from_secs(300);
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 /// Pause after a failed renewal before the next try (at most a tenth of the lease).
 const RENEW_RETRY: Duration = Duration::from_millis(250);
+
+/// The fence of a reservation on a route with `policy`: waiting duplicates are woken when
+/// the route lets them wait, and the answer is kept for the route's retention.
+pub(crate) fn fence_for(policy: &Policy, client_id: String, key: String, token: i64) -> Fence {
+    Fence {
+        client_id,
+        key,
+        token,
+        notify: matches!(policy.on_conflict, OnConflict::Wait(_)),
+        retention: policy.retention,
+    }
+}
 
 /// How a held key is to end.
 #[derive(Clone, Copy)]

@@ -19,13 +19,13 @@ use tokio::sync::{Semaphore, oneshot};
 
 use super::execute::conclude;
 use super::key::derived_key;
-use super::lease::{Finish, Holder};
+use super::lease::{Finish, Holder, fence_for};
 use super::observe::Observed;
 use super::service::{Proxy, Shared};
 use super::upstream::{Probe, ask_probe};
-use crate::config::{OnConflict, Reconcile, Route};
+use crate::config::{Reconcile, Route};
 use crate::metrics::{RouteName, RouteOutcome};
-use crate::store::{Claim, Fence, KeyStore, StoreError, key_id};
+use crate::store::{Claim, KeyStore, StoreError, key_id};
 
 /// Probes in flight at once per pass; the others wait their turn with their lease renewed.
 const PROBES_AT_ONCE: usize = 4;
@@ -156,13 +156,7 @@ async fn settle<S: KeyStore>(
     let policy = &route.policy;
     let record = claim.record;
     let key_hash = super::hex(&key_id(&record.client_id, &record.key)[..6]);
-    let fence = Fence {
-        client_id: record.client_id,
-        key: record.key,
-        token: record.lease_token,
-        notify: matches!(policy.on_conflict, OnConflict::Wait(_)),
-        retention: policy.retention,
-    };
+    let fence = fence_for(policy, record.client_id, record.key, record.lease_token);
     let store = Observed {
         store: &shared.store,
         metrics: &shared.metrics,

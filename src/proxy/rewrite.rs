@@ -24,7 +24,7 @@ pub fn set_key(
             std::str::from_utf8(body).map_err(|_| "the body is not UTF-8 JSON".to_owned())?;
         return set_json(text, pointer, value).map(Bytes::from);
     }
-    if is_form(content_type) {
+    if crate::fingerprint::is_form(content_type) {
         return set_form(body, pointer, value).map(Bytes::from);
     }
     Err("the body must be JSON or a form so that the key can be written into it".into())
@@ -130,16 +130,6 @@ fn set_form(body: &[u8], pointer: &str, value: &str) -> Result<Vec<u8>, String> 
         out.extend_from_slice(encoded.as_bytes());
     }
     Ok(out)
-}
-
-fn is_form(content_type: Option<&[u8]>) -> bool {
-    content_type
-        .and_then(|ct| std::str::from_utf8(ct).ok())
-        .and_then(|ct| ct.split(';').next())
-        .is_some_and(|e| {
-            e.trim()
-                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
-        })
 }
 
 #[cfg(test)]
