@@ -6,6 +6,7 @@ mod file;
 pub mod libpq;
 mod load;
 mod model;
+mod policy;
 mod print;
 pub mod units;
 
@@ -13,3 +14,4 @@ pub(crate) use build::HOP_BY_HOP;
 pub use build::Overrides;
 pub use load::{ConfigError, load, load_store, load_str, parse_file};
 pub use model::*;
+pub use policy::*;

@@ -6,6 +6,7 @@ use std::fmt;
 use http::{HeaderName, Method};
 
 use super::model::*;
+use super::policy::*;
 use super::units::{format_duration, format_size};
 
 impl fmt::Display for Config {

@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::Problems;
 use crate::config::file::{FileReconcile, FileSweep};
 use crate::config::model::*;
+use crate::config::policy::*;
 
 /// The sweep's interval, batch and bound on unresolved keys.
 pub(super) fn build_sweep(

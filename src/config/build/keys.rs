@@ -8,6 +8,7 @@ use http::HeaderName;
 use super::{Problems, header_name};
 use crate::config::file::{FileDerivedKey, FileFingerprintSpec, FilePolicy};
 use crate::config::model::*;
+use crate::config::policy::*;
 
 /// What `key_header`/`key_headers`, `key_scope`, `replayed_header`, `echo_key_header`
 /// and `fingerprint` resolve to.

@@ -16,6 +16,7 @@ use http::{HeaderName, Method};
 
 use super::file::FileConfig;
 use super::model::*;
+use super::policy::*;
 use crate::route::{PathPattern, RouteTable};
 use background::{build_reconcile, build_sweep};
 use policy::merge_policy;

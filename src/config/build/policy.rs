@@ -8,6 +8,7 @@ use super::keys::build_keys;
 use super::{Problems, header_name};
 use crate::config::file::{FileOnConflict, FilePolicy};
 use crate::config::model::*;
+use crate::config::policy::*;
 use crate::config::units::format_duration;
 
 /// Merges `own` over `base` (or over the built-in defaults when `base` is `None`).

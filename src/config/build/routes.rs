@@ -9,6 +9,7 @@ use super::Problems;
 use super::policy::merge_policy;
 use crate::config::file::{FileOnConflict, FilePolicy, FileRoute};
 use crate::config::model::*;
+use crate::config::policy::*;
 use crate::route::PathPattern;
 
 pub(super) fn build_routes(
