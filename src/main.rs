@@ -129,7 +129,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command.unwrap_or(Command::Serve) {
         Command::CheckConfig => {
             let config = config::load(path, &overrides)?;
-            print!("{config}");
+            write_stdout(&config.to_string())?;
             for warning in &config.warnings {
                 eprintln!("idemproxy: warning: {warning}");
             }
@@ -152,7 +152,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let deleted = sweep::sweep_once(&store, batch, unresolved, &Metrics::new())
                 .await
                 .context("sweeping")?;
-            println!("deleted {deleted} expired keys");
+            write_stdout(&format!("deleted {deleted} expired keys\n"))?;
             Ok(())
         }
         Command::Demo => idemproxy::demo::script::run().await,
@@ -200,6 +200,17 @@ fn postgres_store(store: &StoreConfig) -> anyhow::Result<PgStore> {
                 "no PostgreSQL URL configured: set store.postgres.url, DATABASE_URL or --database-url"
             )
         }
+    }
+}
+
+/// Writes a command's output. A reader that went away (`check-config | head -1`) is not
+/// an error: what it wanted, it got.
+fn write_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("writing to stdout"),
+        _ => Ok(()),
     }
 }
 

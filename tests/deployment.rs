@@ -529,3 +529,22 @@ async fn an_embedded_file_of_the_previous_release_is_upgraded() {
     let store = EmbeddedStore::open(&path, Duration::from_secs(5)).unwrap();
     assert!(store.lookup("c", "unresolved").await.unwrap().is_some());
 }
+
+/// A reader that goes away before the output is written (`check-config | head -1`) is no
+/// failure: the command exits 0 instead of panicking on the broken pipe.
+#[test]
+fn check_config_survives_a_closed_stdout() {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .args(["check-config", "--upstream", "http://127.0.0.1:3000"])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The read end closes before the child has loaded its configuration.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
