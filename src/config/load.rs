@@ -343,6 +343,29 @@ routes:
         );
     }
 
+    /// The configuration `check-config` prints is one that `--config` accepts, and it
+    /// means the same: printed again, it prints the same (but for the admin token, which
+    /// it never prints).
+    #[test]
+    fn printed_configuration_reads_back() {
+        let text = format!(
+            "{UP}admin_token: secret\nreconcile: {{}}\nsweep:\n  unresolved_retention: 7d\nroutes:\n  - name: pay\n    path: /pay/{{id}}\n    methods: [POST, PATCH]\n    require_key: true\n    key_headers: [Idempotency-Key, X-Idempotency-Key]\n    key_from: {{ body: /idempotency_key }}\n    upstream_key: {{ body: /key }}\n    derived_key: {{ max_length: 64 }}\n    on_conflict: {{ wait: 5s }}\n    store_headers: [X-Request-Id]\n    release_on: [503]\n    takeover: never\n    fingerprint:\n      fields: [/amount]\n      headers: [Stripe-Version]\n    recovery_probe:\n      path: \"/probe/{{key}}\"\n  - name: other\n    path: /other\n    fingerprint: none\n    echo_key_header: none\n    key_scope: client_and_route\n"
+        );
+        let first = load_str(&text, &Overrides::default()).unwrap().to_string();
+        assert!(!first.contains("secret"), "{first}");
+        let again = load_str(&first, &Overrides::default())
+            .unwrap_or_else(|e| panic!("{e}\n{first}"))
+            .to_string();
+        // The token is never printed, so it is the one line that reads back otherwise.
+        let without_token = |text: &str| {
+            text.lines()
+                .filter(|l| !l.starts_with("# admin_token"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        assert_eq!(without_token(&first), without_token(&again));
+    }
+
     /// Durations must carry a unit.
     #[test]
     fn durations_need_units() {

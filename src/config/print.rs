@@ -14,13 +14,15 @@ impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "listen: {}", self.listen)?;
         writeln!(f, "admin_listen: {}", self.admin_listen)?;
+        // Comments where the file's own form cannot be printed back (the certificate
+        // paths are not kept), so that the output still reads as a configuration.
         writeln!(
             f,
-            "tls: {}",
+            "{}",
             if self.tls.is_some() {
-                "on (HTTP/2 and HTTP/1.1 by ALPN)"
+                "# tls: on (HTTP/2 and HTTP/1.1 by ALPN; cert_file and key_file as configured)"
             } else {
-                "off"
+                "# tls: off"
             }
         )?;
         writeln!(f, "upstream:")?;
@@ -98,11 +100,11 @@ impl fmt::Display for Config {
             format_size(l.max_header_bytes as u64)
         )?;
         let token = if self.admin_token.is_some() {
-            "(set)"
+            "set (never printed)"
         } else {
-            "(none)"
+            "none"
         };
-        writeln!(f, "admin_token: {token}")?;
+        writeln!(f, "# admin_token: {token}")?;
         writeln!(
             f,
             "sweep:\n  interval: {}\n  batch: {}",
@@ -209,17 +211,18 @@ impl fmt::Display for Config {
                     headers.join(", ")
                 )?,
             }
-            let stored: Vec<&str> = ["content-type", "location"]
-                .into_iter()
-                .chain(p.store_headers.iter().map(HeaderName::as_str))
-                .collect();
-            writeln!(f, "    store_headers: [{}]", stored.join(", "))?;
+            let stored: Vec<&str> = p.store_headers.iter().map(HeaderName::as_str).collect();
+            writeln!(
+                f,
+                "    store_headers: [{}]  # and always content-type, location",
+                stored.join(", ")
+            )?;
             if let Some(probe) = &p.recovery_probe {
                 let found: Vec<String> = probe.found.iter().map(u16::to_string).collect();
                 let missing: Vec<String> = probe.not_found.iter().map(u16::to_string).collect();
                 writeln!(
                     f,
-                    "    recovery_probe: {{ method: {}, path: {}, found: [{}], not_found: [{}] }}",
+                    "    recovery_probe: {{ method: {}, path: {:?}, found: [{}], not_found: [{}] }}",
                     probe.method,
                     probe.path,
                     found.join(", "),

@@ -106,17 +106,21 @@ fn build_upstream_tls(
     };
     match crate::tls::client_config(roots, ca, client) {
         Ok(config) => {
+            // A YAML flow mapping, so that the printed configuration reads back.
+            let path = |p: &std::path::Path| {
+                serde_json::to_string(&p.display().to_string()).unwrap_or_default()
+            };
             let summary = format!(
-                "roots: {}{}{}",
+                "{{ roots: {}{}{} }}",
                 if roots == crate::tls::Roots::Webpki {
                     "webpki"
                 } else {
                     "system"
                 },
-                ca.map(|c| format!(", ca_file: {}", c.display()))
+                ca.map(|c| format!(", ca_file: {}", path(c)))
                     .unwrap_or_default(),
                 client
-                    .map(|(c, _)| format!(", client_cert: {}", c.display()))
+                    .map(|(c, k)| format!(", client_cert: {}, client_key: {}", path(c), path(k)))
                     .unwrap_or_default()
             );
             Some((config, summary))
