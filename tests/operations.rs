@@ -422,7 +422,37 @@ async fn background_sweep(db: Backend) {
     proxy.stop().await;
 }
 
+/// The `Bearer` scheme is case-insensitive; a method an endpoint does not take gets `405`
+/// with the methods it does take in `Allow`, as a problem.
+async fn admin_methods_and_schemes(db: Backend) {
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let yaml = format!("admin_token: s3cret\n{PAYMENTS}");
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let admin = TestClient::at(proxy.admin);
+    for scheme in ["Bearer s3cret", "bearer s3cret", "BEARER  s3cret "] {
+        let stuck = admin
+            .send("GET", "/admin/stuck", &[("authorization", scheme)], "")
+            .await;
+        assert_eq!(stuck.status, 200, "{scheme}: {stuck:?}");
+    }
+    let auth = [("authorization", "Bearer s3cret")];
+    for (method, path, allow) in [
+        ("POST", "/healthz", "GET"),
+        ("DELETE", "/metrics", "GET"),
+        ("POST", "/admin/stuck", "GET"),
+        ("PUT", "/admin/keys/shop-1/k", "GET, DELETE"),
+        ("GET", "/admin/keys/shop-1/k/resolve", "POST"),
+    ] {
+        let reply = admin.send(method, path, &auth, "").await;
+        assert_eq!(reply.status, 405, "{method} {path}: {reply:?}");
+        assert!(reply.is_problem());
+        assert_eq!(reply.headers["allow"], allow, "{method} {path}");
+    }
+    proxy.stop().await;
+}
+
 on_both_stores!(
+    admin_methods_and_schemes,
     retention_counts_from_completion,
     metrics_count_outcomes,
     admin_api,

@@ -146,6 +146,7 @@ pub async fn handle<S: KeyStore>(
                 metrics.render(),
             )
         }
+        (_, "/healthz" | "/readyz" | "/metrics") => not_allowed("GET"),
         (_, p) if p.starts_with("/admin/") => {
             if !authorized(token, &req) {
                 let mut resp = problem(
@@ -160,11 +161,13 @@ pub async fn handle<S: KeyStore>(
                 );
                 return resp;
             }
-            if method == Method::POST
-                && let Some(rest) = p
-                    .strip_prefix("/admin/keys/")
-                    .and_then(|r| r.strip_suffix("/resolve"))
+            if let Some(rest) = p
+                .strip_prefix("/admin/keys/")
+                .and_then(|r| r.strip_suffix("/resolve"))
             {
+                if method != Method::POST {
+                    return not_allowed("POST");
+                }
                 let rest = rest.to_owned();
                 return resolve::request(proxy, &rest, token, req).await;
             }
@@ -186,7 +189,10 @@ async fn admin<S: KeyStore>(
     query: Option<&str>,
 ) -> Response<ProxyBody> {
     let store = proxy.store();
-    if path == "/admin/stuck" && method == Method::GET {
+    if path == "/admin/stuck" && method != Method::GET {
+        return not_allowed("GET");
+    }
+    if path == "/admin/stuck" {
         let limit = query
             .and_then(|q| form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "limit"))
             .and_then(|(_, v)| v.parse::<i64>().ok())
@@ -252,19 +258,34 @@ async fn admin<S: KeyStore>(
             ),
             Err(e) => store_failed(&e),
         },
-        _ => problem(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method-not-allowed",
-            "Method not allowed",
-            "Use GET or DELETE.",
-        ),
+        _ => not_allowed("GET, DELETE"),
     }
+}
+
+/// `405` with the methods the endpoint takes, in `Allow` (RFC 9110 §15.5.6) and in words.
+fn not_allowed(allow: &'static str) -> Response<ProxyBody> {
+    let mut resp = problem(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "Method not allowed",
+        &format!("This endpoint takes {allow}."),
+    );
+    resp.headers_mut()
+        .insert(header::ALLOW, http::HeaderValue::from_static(allow));
+    resp
 }
 
 fn decode(segment: &str) -> Result<String, std::str::Utf8Error> {
     percent_encoding::percent_decode_str(segment)
         .decode_utf8()
         .map(|s| s.into_owned())
+}
+
+/// The credentials of a `Bearer` authorization; the scheme is case-insensitive (RFC 9110
+/// §11.1), and spaces around the token are not part of it.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Compares the bearer token in constant time.
@@ -276,7 +297,7 @@ fn authorized(token: Option<&str>, req: &Request<Incoming>) -> bool {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer)
         .unwrap_or_default();
     given.len() == token.len()
         && given
