@@ -16,7 +16,8 @@ pub struct HumanDuration(pub Duration);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HumanSize(pub u64);
 
-/// Parses `250ms`, `30s`, `5m`, `24h`, `7d` and sums like `1h30m`.
+/// Parses `250ms`, `30s`, `5m`, `24h`, `7d` and sums like `1h30m`; spaces between a
+/// number and its unit or between parts (`10 s`, `1h 30m`) are allowed, as in sizes.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     if text.is_empty() {
@@ -36,12 +37,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         let number: u64 = rest[..digits]
             .parse()
             .map_err(|_| format!("`{text}`: number too large"))?;
-        rest = &rest[digits..];
+        rest = rest[digits..].trim_start();
         let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
+            .find(|c: char| c.is_ascii_digit() || c.is_whitespace())
             .unwrap_or(rest.len());
         let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
+        rest = rest[unit_len..].trim_start();
         let millis_per_unit: u64 = match unit {
             "ms" => 1,
             "s" => 1_000,
@@ -185,6 +186,21 @@ fn unexpected(value: &serde_json::Value) -> de::Unexpected<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Durations take spaces where sizes do; a number split by a space is still refused.
+    #[test]
+    fn durations_take_spaces() {
+        assert_eq!(parse_duration("10 s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration(" 2 d "), Ok(Duration::from_secs(172_800)));
+        assert!(parse_duration("1 0s").unwrap_err().contains("no unit"));
+        assert!(
+            parse_duration("10 sec")
+                .unwrap_err()
+                .contains("unknown unit `sec`")
+        );
+        assert_eq!(parse_size("10 MB"), Ok(10_000_000));
+    }
 
     /// Every unit the README documents parses to the right amount.
     #[test]
