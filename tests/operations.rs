@@ -451,7 +451,42 @@ async fn admin_methods_and_schemes(db: Backend) {
     proxy.stop().await;
 }
 
+/// The request log says what each protected request was answered, and why a rejected
+/// one was rejected, at `info`.
+async fn request_log_lines(db: Backend) {
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let proxy = ProxyProcess::spawn(PAYMENTS, &upstream, &db).await;
+    let client = client_for(proxy.addr);
+    assert_eq!(
+        client
+            .post("/payments", "shop-1", "log-1", BODY)
+            .await
+            .status,
+        201
+    );
+    let missing = client
+        .send("POST", "/payments", &[("x-client-id", "shop-1")], BODY)
+        .await;
+    assert_eq!(missing.status, 400);
+    let logged = eventually(Duration::from_secs(5), || async {
+        let log = proxy.log_text();
+        let protected = log
+            .lines()
+            .any(|l| l.contains("protected request") && l.contains("status=201"));
+        let rejected = log.lines().any(|l| {
+            l.contains("INFO")
+                && l.contains("request rejected")
+                && l.contains("status=400")
+                && l.contains("idempotency key")
+        });
+        (protected && rejected).then_some(())
+    })
+    .await;
+    assert!(logged.is_some(), "{}", proxy.log_text());
+}
+
 on_both_stores!(
+    request_log_lines,
     admin_methods_and_schemes,
     retention_counts_from_completion,
     metrics_count_outcomes,

@@ -76,11 +76,16 @@ where
         Err(_) => (Outcome::Failed, Err(ProxyError::Internal)),
     };
     if let Some((client, key)) = tags {
+        let status = match &result {
+            Ok(resp) => resp.status().as_u16(),
+            Err(e) => e.status().as_u16(),
+        };
         tracing::info!(
             route = %route.name,
             client = %client,
             key = %key,
             outcome = outcome.as_str(),
+            status,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "protected request"
         );

@@ -145,8 +145,13 @@ impl<S: KeyStore> Proxy<S> {
                 let status = err.status();
                 if status.is_server_error() {
                     tracing::warn!(%method, path = uri.path(), route = &**route, status = status.as_u16(), cause = %error_chain(&err), "request failed");
+                } else if status == http::StatusCode::CONFLICT {
+                    // A duplicate of a request in flight: the normal course of a retry.
+                    tracing::debug!(%method, path = uri.path(), route = &**route, status = status.as_u16(), reason = %err, "request rejected");
                 } else {
-                    tracing::debug!(%method, path = uri.path(), route = &**route, status = status.as_u16(), cause = %err, "request rejected");
+                    // The client's to fix: at info, with the reason, for whoever helps it
+                    // find out why.
+                    tracing::info!(%method, path = uri.path(), route = &**route, status = status.as_u16(), reason = %err, "request rejected");
                 }
                 err.into_response()
             }
