@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use crate::metrics::Metrics;
-use crate::store::{KeyStore, StoreError, key_id};
+use crate::store::{KeyStore, StoreError};
 
 /// One full pass: batches until a batch comes back short, then (with `unresolved_for`)
 /// the unresolved keys past that bound. Returns the rows deleted.
@@ -67,7 +67,7 @@ async fn sweep_unresolved<S: KeyStore>(
         };
         for row in &deleted {
             tracing::warn!(
-                key = %crate::proxy::hex(&key_id(&row.client_id, &row.key)[..6]),
+                key = %crate::proxy::key_hash(&row.client_id, &row.key),
                 route = %row.route,
                 attempts = row.attempts,
                 "unresolved key deleted by sweep.unresolved_retention: its outcome was never known; a retry now executes afresh"

@@ -468,11 +468,27 @@ async fn request_log_lines(db: Backend) {
         .send("POST", "/payments", &[("x-client-id", "shop-1")], BODY)
         .await;
     assert_eq!(missing.status, 400);
+    // The README's recipe: SHA-256 over the client id's length (8 bytes, big-endian), the
+    // client id and the key; the first 12 hex characters.
+    let recipe: String = {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(("shop-1".len() as u64).to_be_bytes());
+        h.update(b"shop-1");
+        h.update(b"log-1");
+        h.finalize()[..6]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    assert_eq!(recipe, idemproxy::proxy::key_hash("shop-1", "log-1"));
     let logged = eventually(Duration::from_secs(5), || async {
         let log = proxy.log_text();
-        let protected = log
-            .lines()
-            .any(|l| l.contains("protected request") && l.contains("status=201"));
+        let protected = log.lines().any(|l| {
+            l.contains("protected request")
+                && l.contains("status=201")
+                && l.contains(&format!("key={recipe}"))
+        });
         let rejected = log.lines().any(|l| {
             l.contains("INFO")
                 && l.contains("request rejected")

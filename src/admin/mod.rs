@@ -28,8 +28,8 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 
 use crate::problem::Problem;
+use crate::proxy::Proxy;
 use crate::proxy::body::{ProxyBody, full};
-use crate::proxy::{Proxy, hex};
 use crate::store::{KeyStore, StoreError};
 
 mod resolve;
@@ -247,7 +247,7 @@ async fn admin<S: KeyStore>(
         },
         Method::DELETE => match store.evict(&client, &key).await {
             Ok(true) => {
-                tracing::warn!(key = %hex(&crate::store::key_id(&client, &key)[..6]), "key evicted by an operator");
+                tracing::warn!(key = %crate::proxy::key_hash(&client, &key), "key evicted by an operator");
                 json(StatusCode::OK, &serde_json::json!({ "evicted": true }))
             }
             Ok(false) => problem(

@@ -23,7 +23,7 @@ use crate::config::DEFAULT_RETENTION;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::encode_block;
 use crate::proxy::{Proxy, hex};
-use crate::store::{Completion, Fence, Fenced, KeyStore, StoredResponse, key_id};
+use crate::store::{Completion, Fence, Fenced, KeyStore, StoredResponse};
 
 /// Largest resolution body accepted.
 const MAX_BODY: usize = 4 << 20;
@@ -167,7 +167,7 @@ async fn resolve<S: KeyStore>(
         Ok(Fenced::Applied) => {
             tracing::warn!(
                 operator = %who,
-                key = %hex(&key_id(client, key)[..6]),
+                key = %crate::proxy::key_hash(client, key),
                 route = %row.route,
                 resolution = %what,
                 "unresolved key resolved by an operator"

@@ -129,7 +129,7 @@ fn answer_unreserved(
         Ok(Reservation::Unresolved { attempts }) => {
             tracing::warn!(
                 route = %job.route.name,
-                key = %super::hex(&key_id(&job.client_id, &job.key)[..6]),
+                key = %super::key_hash(&job.client_id, &job.key),
                 attempts,
                 "a retry of an unresolved key was refused (takeover: never): the operation may or may not have happened; resolve it with POST /admin/keys/{{client_id}}/{{key}}/resolve or evict it"
             );

@@ -248,6 +248,15 @@ pub fn client_id(headers: &HeaderMap, source: &ClientIdSource) -> Result<String,
     }
 }
 
+/// The short hash that names a `(client_id, key)` in every log line: the first 12 hex
+/// characters of its [`key_id`](crate::store::key_id) (SHA-256 over the client id's length
+/// as 8 big-endian bytes, the client id, and the key — the stored key, so `route:key` under
+/// `key_scope: client_and_route`). An operator computes it from a customer's client id
+/// and key to find their lines (README, Logs).
+pub fn key_hash(client_id: &str, key: &str) -> String {
+    hex(&crate::store::key_id(client_id, key)[..6])
+}
+
 /// The derived key in the route's form, `None` when it is the plain one (which is not
 /// stored: a row without a derived key is plain).
 pub fn formatted_derived_key(

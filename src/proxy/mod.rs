@@ -15,6 +15,6 @@ mod upstream;
 
 pub use forward::{ForwardError, Forwarder, UpstreamBody};
 pub use headers::{decode_stored, encode_block, encode_stored};
-pub use key::{body_key, derived_key, hex, is_visible_ascii, parse_key};
+pub use key::{body_key, derived_key, hex, is_visible_ascii, key_hash, parse_key};
 pub use reconcile::{Reconciled, UNRESOLVED_COUNT_INTERVAL};
 pub use service::Proxy;

@@ -19,7 +19,9 @@ use tokio::sync::oneshot;
 use super::body::{BoxError, CollectError, ProxyBody, collect_limited};
 use super::execute::{Job, Outcome, run};
 use super::headers::detach_headers;
-use super::key::{body_key, client_id, derived_key, formatted_derived_key, hex, scoped_key};
+use super::key::{
+    body_key, client_id, derived_key, formatted_derived_key, hex, key_hash, scoped_key,
+};
 use super::rewrite::set_key;
 use super::service::Shared;
 use crate::config::Route;
@@ -64,18 +66,25 @@ where
     let body_key = from_body.then(|| job.client_key.clone());
     // Logs carry short hashes of the client and of (client, key), never either in clear;
     // hashed only when the line will be written.
-    let tags = tracing::enabled!(tracing::Level::INFO).then(|| {
-        let client = hex(&Sha256::digest(job.client_id.as_bytes())[..4]);
-        let key = hex(&Sha256::digest(derived_key(&job.client_id, &job.key).as_bytes())[..6]);
-        (client, key)
-    });
+    let key = tracing::enabled!(tracing::Level::WARN).then(|| key_hash(&job.client_id, &job.key));
+    let client = tracing::enabled!(tracing::Level::INFO)
+        .then(|| hex(&Sha256::digest(job.client_id.as_bytes())[..4]));
     let (tx, rx) = oneshot::channel();
-    shared.tasks.spawn(run(Arc::clone(shared), job, tx));
+    // Every line the detached work logs (takeover, lease, completion retries, fence)
+    // names the key by the same hash as the request line.
+    let span = match &key {
+        Some(key) => tracing::warn_span!("key", key = %key, route = %route.name),
+        None => tracing::Span::none(),
+    };
+    shared.tasks.spawn(tracing::Instrument::instrument(
+        run(Arc::clone(shared), job, tx),
+        span,
+    ));
     let (outcome, result) = match rx.await {
         Ok(answer) => answer,
         Err(_) => (Outcome::Failed, Err(ProxyError::Internal)),
     };
-    if let Some((client, key)) = tags {
+    if let (Some(client), Some(key)) = (client, key) {
         let status = match &result {
             Ok(resp) => resp.status().as_u16(),
             Err(e) => e.status().as_u16(),

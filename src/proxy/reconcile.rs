@@ -25,7 +25,7 @@ use super::service::{Proxy, Shared};
 use super::upstream::{Probe, ask_probe};
 use crate::config::{Reconcile, Route};
 use crate::metrics::{RouteName, RouteOutcome};
-use crate::store::{Claim, KeyStore, StoreError, key_id};
+use crate::store::{Claim, KeyStore, StoreError};
 
 /// Probes in flight at once per pass; the others wait their turn with their lease renewed.
 const PROBES_AT_ONCE: usize = 4;
@@ -86,7 +86,15 @@ impl<S: KeyStore> Proxy<S> {
         let turns = Semaphore::new(PROBES_AT_ONCE);
         let settled = claims.into_iter().filter_map(|claim| {
             let route = probed.iter().find(|r| *r.name == claim.record.route)?;
-            Some(settle(shared, route, claim, reconcile.interval, &turns))
+            let span = tracing::warn_span!(
+                "key",
+                key = %super::key_hash(&claim.record.client_id, &claim.record.key),
+                route = %route.name
+            );
+            Some(tracing::Instrument::instrument(
+                settle(shared, route, claim, reconcile.interval, &turns),
+                span,
+            ))
         });
         let mut done = Reconciled::default();
         for said in futures_join_all(settled).await {
@@ -155,7 +163,7 @@ async fn settle<S: KeyStore>(
 ) -> Said {
     let policy = &route.policy;
     let record = claim.record;
-    let key_hash = super::hex(&key_id(&record.client_id, &record.key)[..6]);
+    let key_hash = super::key_hash(&record.client_id, &record.key);
     let fence = fence_for(policy, record.client_id, record.key, record.lease_token);
     let store = Observed {
         store: &shared.store,
