@@ -135,31 +135,55 @@ async fn build_index(client: &mut Client, m: &Migration) -> Result<bool, StoreEr
         return Ok(false);
     };
     create_version_table(client).await?;
+    // A build racing another's can fail on the catalog ("tuple concurrently updated"):
+    // such a step is tried again after a pause, for a bounded number of times.
+    let mut failures = 0;
+    // An invalid index is dropped only when it looked invalid on two looks in a row: a
+    // build that has just created its entry is not reporting progress yet.
+    let mut invalid_before = false;
     loop {
-        if applied_versions(client).await?.contains(&m.version) {
-            return Ok(false);
-        }
-        match index_state(client, name).await? {
-            IndexState::Valid => {
-                let recorded = record(client, m).await? > 0;
-                return Ok(recorded);
-            }
-            IndexState::Building => tokio::time::sleep(BUILD_POLL).await,
-            IndexState::Invalid => {
-                client
-                    .batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {name}"))
-                    .await?;
-            }
-            IndexState::Missing => {
-                if let Err(e) = client.batch_execute(m.sql).await {
-                    // Another migrator created it a moment before: look again.
-                    if index_state(client, name).await? == IndexState::Missing {
-                        return Err(e.into());
-                    }
-                }
+        let step = build_step(client, m, name, &mut invalid_before).await;
+        match step {
+            Ok(Some(recorded)) => return Ok(recorded),
+            Ok(None) => {}
+            Err(e) if failures >= MAX_BUILD_FAILURES => return Err(e),
+            Err(e) => {
+                failures += 1;
+                tracing::warn!(cause = %e, index = name, "building the index raced another migrator; looking again");
+                tokio::time::sleep(BUILD_POLL).await;
             }
         }
     }
+}
+
+/// Index build steps that may fail because another migrator is at work before giving up.
+const MAX_BUILD_FAILURES: u32 = 20;
+
+/// One look at the index and what it calls for: `Some(recorded)` when done.
+async fn build_step(
+    client: &mut Client,
+    m: &Migration,
+    name: &str,
+    invalid_before: &mut bool,
+) -> Result<Option<bool>, StoreError> {
+    if applied_versions(client).await?.contains(&m.version) {
+        return Ok(Some(false));
+    }
+    let state = index_state(client, name).await?;
+    let invalid = state == IndexState::Invalid;
+    match state {
+        IndexState::Valid => return Ok(Some(record(client, m).await? > 0)),
+        IndexState::Building => tokio::time::sleep(BUILD_POLL).await,
+        IndexState::Invalid if !*invalid_before => tokio::time::sleep(BUILD_POLL).await,
+        IndexState::Invalid => {
+            client
+                .batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {name}"))
+                .await?;
+        }
+        IndexState::Missing => client.batch_execute(m.sql).await?,
+    }
+    *invalid_before = invalid;
+    Ok(None)
 }
 
 #[derive(Debug, PartialEq, Eq)]
