@@ -91,6 +91,36 @@ async fn found_operations_are_stored_without_a_retry(db: Backend) {
     proxy.stop().await;
 }
 
+/// On a route whose derived key is hashed, the reconciler asks the probe with the key the
+/// attempt sent (kept with the row): the charge made under it is found and stored, not
+/// mistaken for a missing operation and released.
+async fn probes_use_the_derived_key_the_attempt_sent(db: Backend) {
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_secs(5),
+        ..Default::default()
+    })
+    .await;
+    let yaml = reconciling("200ms", 10).replace(
+        "    require_key: true\n",
+        "    require_key: true\n    derived_key: { hash: sha256 }\n",
+    );
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    let first = client.post("/payments", "shop-1", "hashed", BODY).await;
+    assert_eq!(first.status, 504, "{first:?}");
+    let row = row_becomes(&db, "hashed", Duration::from_secs(10), |r| {
+        r.is_some_and(|r| r.status == "done")
+    })
+    .await
+    .unwrap();
+    assert_eq!(row.response_status, Some(200), "found under the hashed key");
+    let sent = upstream.seen()[0].headers["idempotency-key"].clone();
+    assert_eq!(sent.len(), 64, "{sent:?}");
+    assert_eq!(row.derived_key.as_deref(), sent.to_str().ok());
+    assert_eq!(upstream.executions(), 1);
+    proxy.stop().await;
+}
+
 /// A worker that crashed before reaching the provider: the probe does not find the
 /// operation, so the reconciler releases the key and the next retry executes, once.
 async fn missing_operations_are_released(db: Backend) {
@@ -254,6 +284,7 @@ async fn retries_racing_the_reconciler_never_execute_twice(db: Backend) {
 }
 
 on_both_stores!(
+    probes_use_the_derived_key_the_attempt_sent,
     found_operations_are_stored_without_a_retry,
     missing_operations_are_released,
     inconclusive_probes_back_off,

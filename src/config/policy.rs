@@ -113,6 +113,12 @@ impl Policy {
     pub fn key_header(&self) -> &HeaderName {
         &self.key_headers[0]
     }
+
+    /// Every accepted key header, for a problem's detail: `a` or `b`.
+    pub fn key_header_names(&self) -> String {
+        let names: Vec<&str> = self.key_headers.iter().map(HeaderName::as_str).collect();
+        names.join("` or `")
+    }
 }
 
 /// Whether a retry may take over an unresolved key.

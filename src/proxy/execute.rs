@@ -168,11 +168,14 @@ async fn execute<S: KeyStore>(
         .unwrap_or_else(|| derived_key(&job.client_id, &job.key));
     let derived_value = HeaderValue::from_str(&derived).ok();
     let mut body = job.body;
-    let written = job
-        .derived_key
-        .unwrap_or_else(|| derived_key(&job.client_id, &job.key));
+    // Only on routes whose provider reads the key in the body: what `protect` wrote there.
+    let written = || {
+        job.derived_key
+            .clone()
+            .unwrap_or_else(|| derived_key(&job.client_id, &job.key))
+    };
     if let Some(pointer) = &policy.upstream_key_body
-        && written != derived
+        && written() != derived
     {
         // `protect` wrote the key in this configuration's form; the row says otherwise.
         let content_type = job.parts.headers.get(http::header::CONTENT_TYPE);

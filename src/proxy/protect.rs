@@ -152,9 +152,8 @@ where
             match found {
                 Ok(Some(sent)) => (scoped_key(&route.name, &sent, policy.key_scope), sent),
                 Ok(None) if policy.require_key => {
-                    let names: Vec<&str> = policy.key_headers.iter().map(|h| h.as_str()).collect();
                     return Err(ProxyError::MissingKey {
-                        header: names.join("` or `"),
+                        header: policy.key_header_names(),
                         body: Some(pointer.to_owned()),
                     });
                 }

@@ -194,9 +194,8 @@ impl<S: KeyStore> Proxy<S> {
             // Looked for in the body once it is read.
             Ok(None) if policy.key_from_body.is_some() => None,
             Ok(None) if policy.require_key => {
-                let names: Vec<&str> = policy.key_headers.iter().map(|h| h.as_str()).collect();
                 let err = ProxyError::MissingKey {
-                    header: names.join("` or `"),
+                    header: policy.key_header_names(),
                     body: None,
                 };
                 return (&route.name, "rejected", Err(err));
