@@ -1,0 +1,196 @@
+//! `idemproxy serve`: open the store (refusing one that cannot work), bind, start the
+//! admin listener and the background work, serve until a stop signal, drain.
+
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use idemproxy::config::{self, Config, StoreConfig};
+use idemproxy::proxy::Proxy;
+use idemproxy::store::{AnyStore, KeyStore, PgStore, StoreError};
+use idemproxy::sweep;
+use tokio::net::TcpListener;
+
+use crate::commands::apply_migrations;
+
+pub async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> {
+    let store = open_store(&config, run_migrations).await?;
+    for warning in &config.warnings {
+        tracing::warn!(%warning, "configuration");
+    }
+    if config.implicit_routes {
+        tracing::info!(
+            "no routes configured: every POST and PATCH carrying an idempotency key is protected"
+        );
+    }
+    if matches!(config.client_id, config::ClientIdSource::Static(_)) {
+        tracing::warn!(
+            "client_id is static: all clients share one key namespace (right for a sidecar behind one caller)"
+        );
+    }
+    let threads = server_threads();
+    let listeners = idemproxy::server::bind(config.listen, threads)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    let admin_listener = TcpListener::bind(config.admin_listen)
+        .await
+        .with_context(|| format!("binding the admin listener {}", config.admin_listen))?;
+    tracing::info!(
+        listen = %config.listen,
+        admin = %config.admin_listen,
+        upstream = %config.upstream.origin,
+        threads,
+        "idemproxy listening"
+    );
+    let proxy = Proxy::new(Arc::clone(&config), store.clone());
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    let admin = tokio::spawn(idemproxy::admin::run(
+        admin_listener,
+        proxy.clone(),
+        config.admin_token.clone(),
+        async move {
+            let mut stopped = stopped;
+            let _ = stopped.changed().await;
+        },
+    ));
+    let sweeper = tokio::spawn(sweep::run(
+        store,
+        config.sweep_interval,
+        config.sweep_batch,
+        config.unresolved_retention,
+        Arc::clone(proxy.metrics()),
+    ));
+    let counter = {
+        let proxy = proxy.clone();
+        tokio::spawn(async move {
+            proxy
+                .run_unresolved_count(idemproxy::proxy::UNRESOLVED_COUNT_INTERVAL)
+                .await
+        })
+    };
+    let reconciler = config.reconcile.map(|r| {
+        tracing::info!(
+            interval = %config::units::format_duration(r.interval),
+            batch = r.batch,
+            "reconciler on: unresolved keys of routes with a recovery_probe are settled by asking it"
+        );
+        let proxy = proxy.clone();
+        tokio::spawn(async move { proxy.run_reconciler(r).await })
+    });
+    let tasks = proxy.tasks().clone();
+    let shutdown = async move {
+        idemproxy::shutdown::signal().await;
+        // A second signal means "now": an operator who cannot wait for the drain.
+        tokio::spawn(async move {
+            idemproxy::shutdown::signal().await;
+            tracing::error!(
+                still_running = tasks.len(),
+                "second stop signal: exiting at once; keys still in flight free up when their leases run out"
+            );
+            std::process::exit(2);
+        });
+    };
+    let drained =
+        idemproxy::server::run_threaded(listeners, proxy, shutdown, config.shutdown_grace)
+            .await
+            .context("starting the server threads");
+    sweeper.abort();
+    counter.abort();
+    if let Some(reconciler) = reconciler {
+        reconciler.abort();
+    }
+    drop(stop);
+    let _ = admin.await;
+    if !drained? {
+        bail!(
+            "the shutdown grace period ({}) ran out with requests still in flight",
+            config::units::format_duration(config.shutdown_grace)
+        );
+    }
+    Ok(())
+}
+
+/// Opens the configured store for this process, says which it is, and refuses to start
+/// on one that cannot work: an embedded file another process holds, a PostgreSQL schema
+/// that is missing or older than this binary (unless `--migrate`), a database that
+/// answers with errors. A database that cannot be reached yet is only a warning:
+/// protected requests get `503` until it is back.
+async fn open_store(config: &Config, run_migrations: bool) -> anyhow::Result<AnyStore> {
+    let store = AnyStore::open_for_process(&config.store, true).context("opening the store")?;
+    match (&store, &config.store) {
+        (AnyStore::Postgres(pg), StoreConfig::Postgres(settings)) => {
+            tracing::info!(
+                store = "postgres",
+                target = %settings.target(),
+                "using the PostgreSQL store (shared by every replica on this database)"
+            );
+            if run_migrations {
+                apply_migrations(pg).await?;
+            }
+        }
+        (AnyStore::Embedded(embedded), _) => tracing::warn!(
+            store = "embedded",
+            path = %embedded.path().display(),
+            "using the embedded store: for ONE proxy instance only; instances with separate files do not share keys (use PostgreSQL for replicas)"
+        ),
+        (AnyStore::Postgres(_), StoreConfig::Embedded { .. }) => {}
+    }
+    match store.ping().await {
+        Ok(()) => {
+            if let (AnyStore::Postgres(pg), StoreConfig::Postgres(settings)) =
+                (&store, &config.store)
+            {
+                log_postgres_connection(config, pg, settings);
+            }
+        }
+        Err(e) if e.is_tls() => {
+            return Err(e).context("the store cannot be reached securely");
+        }
+        Err(e @ StoreError::SchemaBehind { .. }) => bail!("the store is not ready: {e}"),
+        Err(e) if e.is_unreachable() => {
+            tracing::warn!(cause = %e, "store unreachable at start; protected requests get 503 until it is back");
+        }
+        Err(e) => return Err(e).context("the store answers with an error"),
+    }
+    Ok(store)
+}
+
+/// What the first store connection showed: TLS, a pooler, and how waiting duplicates
+/// will be woken.
+fn log_postgres_connection(config: &Config, pg: &PgStore, settings: &config::PostgresConfig) {
+    let pooler = pg.behind_pooler();
+    tracing::info!(
+        tls = %settings.tls.summary(),
+        encrypted = pg.tls_used(),
+        transaction_pooler = pooler,
+        "store connection made"
+    );
+    let waits = config
+        .routes
+        .routes()
+        .iter()
+        .any(|r| matches!(r.policy.on_conflict, config::OnConflict::Wait(_)));
+    if !waits {
+        return;
+    }
+    match (&settings.listen_url, pooler) {
+        (Some(_), _) => {
+            tracing::info!("waiting duplicates are woken by LISTEN on store.postgres.listen_url")
+        }
+        (None, false) => {
+            tracing::info!("waiting duplicates are woken by LISTEN on the store's URL")
+        }
+        (None, true) => tracing::warn!(
+            "the store's URL goes through a transaction pooler, which drops notifications: waiting duplicates fall back to a 1 s re-check; set store.postgres.listen_url to a direct connection"
+        ),
+    }
+}
+
+/// Server threads: `TOKIO_WORKER_THREADS` if set, else one per core the process may use.
+fn server_threads() -> usize {
+    std::env::var("TOKIO_WORKER_THREADS")
+        .ok()
+        .and_then(|n| n.trim().parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
+        .unwrap_or(1)
+}
