@@ -129,12 +129,7 @@ pub struct FileClientId {
 }
 
 /// `on_conflict: reject` or `on_conflict: { wait: 5s }`.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum FileOnConflict {
-    Word(String),
-    Wait(FileWait),
-}
+pub type FileOnConflict = WordOr<FileWait>;
 
 /// The `{ wait: 5s }` form of `on_conflict`.
 #[derive(Debug, Deserialize)]
@@ -151,12 +146,7 @@ pub struct FileKeyFrom {
 }
 
 /// `derived_key: plain`, `{ hash: sha256 }` or `{ max_length: 64 }`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum FileDerivedKey {
-    Word(String),
-    Spec(FileDerivedKeySpec),
-}
+pub type FileDerivedKey = WordOr<FileDerivedKeySpec>;
 
 /// The mapping form of `derived_key:`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -167,38 +157,58 @@ pub struct FileDerivedKeySpec {
 }
 
 /// `fingerprint: none` or `fingerprint: { fields: [...], headers: [...] }`.
+pub type FileFingerprintSpec = WordOr<FileFingerprint>;
+
+/// A setting written either as a word (`reject`) or as a mapping (`{ wait: 5s }`).
 #[derive(Debug, Clone)]
-pub enum FileFingerprintSpec {
+pub enum WordOr<T> {
     Word(String),
-    Spec(FileFingerprint),
+    Spec(T),
+}
+
+/// What a [`WordOr`] setting accepts, in the words of an error message.
+pub trait Shape {
+    const EXPECTING: &'static str;
+}
+
+impl Shape for FileWait {
+    const EXPECTING: &'static str = "`reject` or `{ wait: DURATION }` (e.g. `{ wait: 5s }`)";
+}
+
+impl Shape for FileDerivedKeySpec {
+    const EXPECTING: &'static str = "`plain`, `{ hash: sha256 }` or `{ max_length: N }`";
+}
+
+impl Shape for FileFingerprint {
+    const EXPECTING: &'static str = "`none` or a mapping with `fields` and/or `headers`";
 }
 
 /// By hand rather than `untagged`, so that a typo inside the mapping is reported as
-/// itself (an unknown field, with its name) and a word YAML reads as a boolean (`off`)
-/// reaches the check that suggests `none`.
-impl<'de> Deserialize<'de> for FileFingerprintSpec {
+/// itself (an unknown field, with its name), anything else says what the setting takes
+/// (not "data did not match any variant"), and a word YAML reads as a boolean (`off`)
+/// reaches the check that names the words.
+impl<'de, T: Deserialize<'de> + Shape> Deserialize<'de> for WordOr<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl<'de> serde::de::Visitor<'de> for Visitor {
-            type Value = FileFingerprintSpec;
+        struct Visitor<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de> + Shape> serde::de::Visitor<'de> for Visitor<T> {
+            type Value = WordOr<T>;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("`none` or a mapping with `fields` and/or `headers`")
+                f.write_str(T::EXPECTING)
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(FileFingerprintSpec::Word(v.to_owned()))
+                Ok(WordOr::Word(v.to_owned()))
             }
             fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Self::Value, E> {
-                Ok(FileFingerprintSpec::Word(v.to_string()))
+                Ok(WordOr::Word(v.to_string()))
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(
                 self,
                 map: A,
             ) -> Result<Self::Value, A::Error> {
-                FileFingerprint::deserialize(serde::de::value::MapAccessDeserializer::new(map))
-                    .map(FileFingerprintSpec::Spec)
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(WordOr::Spec)
             }
         }
-        d.deserialize_any(Visitor)
+        d.deserialize_any(Visitor(std::marker::PhantomData))
     }
 }
 

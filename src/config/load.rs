@@ -3,14 +3,18 @@
 
 use std::path::Path;
 
+use serde_json::Value;
+use serde_path_to_error::Segment;
+
 use super::build::{Overrides, build, build_store_only};
 use super::file::FileConfig;
 use super::model::{Config, StoreConfig};
+use super::wording;
 
 /// Why a configuration could not be loaded. Each message names the key it is about.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         path: String,
         #[source]
@@ -22,29 +26,156 @@ pub enum ConfigError {
     Invalid(Vec<String>),
 }
 
+/// At most this many structural problems are collected from one file.
+const MAX_STRUCTURAL: usize = 64;
+
+/// The file layer, with what was wrong in its shape: each offending value is reported and
+/// taken out, and the rest is read again, so one run names every typo, not the first.
+struct Parsed {
+    file: FileConfig,
+    problems: Vec<String>,
+    /// Paths of the values taken out, so that checks of the rest do not report them again
+    /// (a mistyped `upstream` is not also "missing `upstream.url`").
+    removed: Vec<String>,
+}
+
+fn parse(text: &str) -> Result<Parsed, ConfigError> {
+    let empty = || Parsed {
+        file: FileConfig::default(),
+        problems: Vec::new(),
+        removed: Vec::new(),
+    };
+    if text.trim().is_empty() {
+        return Ok(empty());
+    }
+    let mut value: Value = serde_saphyr::from_str(text).map_err(|e| {
+        ConfigError::Syntax(format!(
+            "YAML syntax: {}",
+            wording::yaml_syntax(&e.to_string())
+        ))
+    })?;
+    if value.is_null() {
+        return Ok(empty());
+    }
+    let mut parsed = empty();
+    for _ in 0..MAX_STRUCTURAL {
+        let e = match serde_path_to_error::deserialize::<_, FileConfig>(&value) {
+            Ok(file) => {
+                parsed.file = file;
+                return Ok(parsed);
+            }
+            Err(e) => e,
+        };
+        let path = e.path().to_string();
+        let message = e.inner().to_string();
+        let human = wording::humanize(&path, &message);
+        // A mapping left without a required key because a misspelt one was taken out
+        // (`{ wiat: 5s }`) was reported already, as the misspelling.
+        let echo = message.starts_with("missing field ")
+            && parsed.removed.iter().any(|r| {
+                r.strip_prefix(path.as_str())
+                    .is_some_and(|rest| rest.starts_with('.'))
+            });
+        if !echo {
+            parsed.problems.push(if path == "." {
+                human
+            } else {
+                format!("{path}: {human}")
+            });
+        }
+        let unknown = message
+            .strip_prefix("unknown field `")
+            .and_then(|rest| rest.split('`').next());
+        let segments: Vec<Segment> = e.path().iter().cloned().collect();
+        match take_out(&mut value, segments, unknown) {
+            Some(removed) => parsed.removed.push(removed),
+            None => break,
+        }
+    }
+    // The shape is wrong where it cannot be taken apart (the file is not a mapping).
+    Err(ConfigError::Invalid(parsed.problems))
+}
+
+/// Removes the offending value: an unknown key, or the value at the error's path — a
+/// whole list when one of its elements is wrong, so that later elements keep the index
+/// the operator sees in the file. Returns the removed path, `None` when nothing can be.
+fn take_out(
+    value: &mut Value,
+    mut segments: Vec<Segment>,
+    unknown: Option<&str>,
+) -> Option<String> {
+    // An unknown key's error names either the mapping or (inside a hand-written
+    // deserializer) the key itself.
+    if let Some(name) = unknown
+        && !matches!(segments.last(), Some(Segment::Map { key }) if key == name)
+    {
+        segments.push(Segment::Map {
+            key: name.to_owned(),
+        });
+    }
+    while matches!(segments.last(), Some(Segment::Seq { .. })) {
+        segments.pop();
+    }
+    let Some(Segment::Map { key }) = segments.pop() else {
+        return None;
+    };
+    let mut parent = &mut *value;
+    for segment in &segments {
+        parent = match segment {
+            Segment::Map { key } => parent.get_mut(key.as_str())?,
+            Segment::Seq { index } => parent.get_mut(*index)?,
+            _ => return None,
+        };
+    }
+    parent.as_object_mut()?.remove(&key)?;
+    let mut path = String::new();
+    for segment in segments.iter().chain([&Segment::Map { key }]) {
+        match segment {
+            Segment::Seq { index } => path.push_str(&format!("[{index}]")),
+            Segment::Map { key } if path.is_empty() => path.push_str(key),
+            Segment::Map { key } => path.push_str(&format!(".{key}")),
+            _ => {}
+        }
+    }
+    Some(path)
+}
+
+/// Whether a problem of the checks is about a value already reported and taken out.
+fn under(problem: &str, removed: &[String]) -> bool {
+    removed.iter().any(|r| {
+        problem
+            .strip_prefix(r.as_str())
+            .is_some_and(|rest| rest.starts_with([':', '.', '[']))
+    })
+}
+
 /// Parses YAML text into the file layer only (no defaults, no validation).
 pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
-    if text.trim().is_empty() {
-        return Ok(FileConfig::default());
+    let parsed = parse(text)?;
+    if parsed.problems.is_empty() {
+        Ok(parsed.file)
+    } else {
+        Err(ConfigError::Invalid(parsed.problems))
     }
-    let value: serde_json::Value = serde_saphyr::from_str(text)
-        .map_err(|e| ConfigError::Syntax(format!("YAML syntax: {e}")))?;
-    if value.is_null() {
-        return Ok(FileConfig::default());
+}
+
+/// Every problem: the shape's, then the checks' on what remains.
+fn finish<T>(parsed: Parsed, built: Result<T, Vec<String>>) -> Result<T, ConfigError> {
+    let mut problems = parsed.problems;
+    match built {
+        Ok(value) if problems.is_empty() => return Ok(value),
+        Ok(_) => {}
+        Err(more) => problems.extend(more.into_iter().filter(|p| !under(p, &parsed.removed))),
     }
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." {
-            ConfigError::Syntax(e.inner().to_string())
-        } else {
-            ConfigError::Syntax(format!("{path}: {}", e.inner()))
-        }
-    })
+    Err(ConfigError::Invalid(problems))
 }
 
 /// Loads a configuration from YAML text, with overrides applied on top.
 pub fn load_str(text: &str, overrides: &Overrides) -> Result<Config, ConfigError> {
-    build(parse_file(text)?, overrides).map_err(ConfigError::Invalid)
+    let mut parsed = parse(text)?;
+    let file = std::mem::take(&mut parsed.file);
+    let built = build(file, overrides);
+    finish(parsed, built)
 }
 
 fn read(path: Option<&Path>) -> Result<String, ConfigError> {
@@ -64,7 +195,10 @@ pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, Config
 
 /// Loads only the store settings (for `idemproxy migrate`, which needs no upstream).
 pub fn load_store(path: Option<&Path>, overrides: &Overrides) -> Result<StoreConfig, ConfigError> {
-    build_store_only(parse_file(&read(path)?)?, overrides).map_err(ConfigError::Invalid)
+    let mut parsed = parse(&read(path)?)?;
+    let file = std::mem::take(&mut parsed.file);
+    let built = build_store_only(file, overrides);
+    finish(parsed, built)
 }
 
 #[cfg(test)]
@@ -401,5 +535,84 @@ routes:
         let c = load(None, &o).unwrap();
         assert!(matches!(c.store, StoreConfig::Postgres(_)));
         assert!(!c.to_string().contains("secret"));
+    }
+
+    /// One run names every mistake of a file — structural ones (typos, wrong types) and
+    /// the checks' — once each, and nothing that follows only from a reported one.
+    #[test]
+    fn every_problem_in_one_run() {
+        let e = err(&format!(
+            "{UP}  max_connections: many
+routes:
+  - name: a
+    path: /payments
+    release_on: [5xx, 503]
+    on_conflict: {{ wiat: 5s }}
+    fingerprint:
+      feilds: [/amount]
+    lease: 1s
+  - name: b
+    path: /x
+    methdos: [POST]
+sweeep:
+  interval: 1m
+tls: nope
+"
+        ));
+        let lines: Vec<&str> = e.lines().skip(1).map(str::trim).collect();
+        for expected in [
+            "upstream.max_connections: expected a whole number",
+            "routes[0].release_on[0]: expected an HTTP status code",
+            "routes[0].on_conflict.wiat: unknown key `wiat`: did you mean `wait`?",
+            "routes[0].fingerprint.feilds: unknown key `feilds`: did you mean `fields`?",
+            "routes[0].lease: 1s is too short",
+            "routes[1].methdos: unknown key `methdos`: did you mean `methods`?",
+            "sweeep: unknown key `sweeep`: did you mean `sweep`?",
+            "tls: expected a mapping",
+        ] {
+            assert_eq!(
+                lines.iter().filter(|l| l.starts_with(expected)).count(),
+                1,
+                "{expected} in\n{e}"
+            );
+        }
+        assert_eq!(lines.len(), 8, "nothing else:\n{e}");
+    }
+
+    /// A mistyped section is reported as itself, not also as the keys it lacks.
+    #[test]
+    fn a_wrong_section_is_not_also_missing() {
+        let e = err("upstream: http://127.0.0.1:3000\n");
+        assert!(e.contains("upstream: expected a mapping"), "{e}");
+        assert!(!e.contains("upstream.url"), "{e}");
+    }
+
+    #[test]
+    fn word_or_mapping_settings_say_what_they_take() {
+        let e = err(&format!("{UP}defaults:\n  on_conflict: 5\n"));
+        assert!(
+            e.contains("expected `reject` or `{ wait: DURATION }`"),
+            "{e}"
+        );
+        assert!(!e.contains("variant"), "{e}");
+        let e = err(&format!("{UP}defaults:\n  derived_key: [sha256]\n"));
+        assert!(
+            e.contains("`plain`, `{ hash: sha256 }` or `{ max_length: N }`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_key_written_twice_is_refused_in_plain_words() {
+        let e = err(&format!("{UP}listen: 127.0.0.1:1\nlisten: 127.0.0.1:2\n"));
+        assert!(
+            e.contains("duplicate key listen") && e.contains("line 4"),
+            "{e}"
+        );
+        assert!(!e.contains("DuplicateKeyPolicy"), "{e}");
+        let e = err(&format!(
+            "{UP}routes:\n  - name: a\n    path: /a\n    path: /b\n"
+        ));
+        assert!(e.contains("duplicate key path"), "{e}");
     }
 }

@@ -1,5 +1,6 @@
 //! Configuration: the YAML file (`file`), its units (`units`), validation (`build`) and the
-//! typed result (`model`). Only this module and `main.rs` know about files and flags.
+//! typed result (`model`); `wording` puts the deserializer's messages in an operator's
+//! words. Only this module and the binary know about files and flags.
 
 mod build;
 mod file;
@@ -9,6 +10,7 @@ mod model;
 mod policy;
 mod print;
 pub mod units;
+mod wording;
 
 pub(crate) use build::HOP_BY_HOP;
 pub use build::Overrides;

@@ -92,7 +92,7 @@ pub(super) fn merge_policy(
             );
             OnConflict::Reject
         }
-        Some(FileOnConflict::Wait(w)) => OnConflict::Wait(w.wait.0),
+        Some(FileOnConflict::Spec(w)) => OnConflict::Wait(w.wait.0),
     };
     let store_headers = match &own.store_headers {
         Some(list) => list

@@ -170,8 +170,8 @@ fn route_policy(r: &FileRoute) -> FilePolicy {
         require_key: r.require_key,
         on_conflict: r.on_conflict.as_ref().map(|c| match c {
             FileOnConflict::Word(w) => FileOnConflict::Word(w.clone()),
-            FileOnConflict::Wait(w) => {
-                FileOnConflict::Wait(crate::config::file::FileWait { wait: w.wait })
+            FileOnConflict::Spec(w) => {
+                FileOnConflict::Spec(crate::config::file::FileWait { wait: w.wait })
             }
         }),
         store_headers: r.store_headers.clone(),
