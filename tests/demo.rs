@@ -165,11 +165,7 @@ async fn compose_commands_work() {
 
     let port = free_port();
     let _provider = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
-        .args([
-            "demo-provider",
-            "--provider-listen",
-            &format!("127.0.0.1:{port}"),
-        ])
+        .args(["demo-provider", "--listen", &format!("127.0.0.1:{port}")])
         .kill_on_drop(true)
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -501,7 +501,68 @@ async fn request_log_lines(db: Backend) {
     assert!(logged.is_some(), "{}", proxy.log_text());
 }
 
+/// `--log-format json`: one JSON object per line, every field at the top level — the
+/// spans' too, so a key's detached work carries `key` where `jq` looks — and work a
+/// client left behind is logged with how it ended.
+async fn json_log_lines(db: Backend) {
+    use tokio::io::AsyncWriteExt;
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_millis(700),
+        ..Default::default()
+    })
+    .await;
+    let proxy = ProxyProcess::spawn_with(PAYMENTS, &upstream, &db, &["--log-format", "json"]).await;
+    let mut raw = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let request = format!(
+        "POST /payments HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nidempotency-key: left\r\nx-client-id: shop-1\r\ncontent-length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    raw.write_all(request.as_bytes()).await.unwrap();
+    let started = eventually(Duration::from_secs(10), || async {
+        (upstream.executions() == 1).then_some(())
+    })
+    .await;
+    assert!(started.is_some(), "{}", proxy.log_text());
+    drop(raw);
+    let hash = idemproxy::proxy::key_hash("shop-1", "left");
+    let line = eventually(Duration::from_secs(10), || async {
+        proxy.log_text().lines().find_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            (v["message"]
+                .as_str()?
+                .starts_with("finished after the client left"))
+            .then_some(v)
+        })
+    })
+    .await;
+    let Some(line) = line else {
+        panic!("no line for the work left behind:\n{}", proxy.log_text())
+    };
+    assert_eq!(line["level"], "INFO", "{line}");
+    assert_eq!(
+        line["key"],
+        hash.as_str(),
+        "the span's field at the top level: {line}"
+    );
+    assert_eq!(line["route"], "create-payment", "{line}");
+    assert_eq!(line["status"], 201, "{line}");
+    assert_eq!(line["outcome"], "executed", "{line}");
+    let log = proxy.log_text();
+    for l in log.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        for field in ["timestamp", "level", "target", "message"] {
+            assert!(v[field].is_string(), "{field} in {l}");
+        }
+        assert!(
+            v.get("fields").is_none() && v.get("spans").is_none(),
+            "flat: {l}"
+        );
+    }
+}
+
 on_both_stores!(
+    json_log_lines,
     request_log_lines,
     admin_methods_and_schemes,
     retention_counts_from_completion,
@@ -510,3 +571,32 @@ on_both_stores!(
     sweep_command,
     background_sweep
 );
+
+/// A fatal start-up error is said in the log's own format: one JSON line when the logs
+/// are JSON.
+#[test]
+fn fatal_start_up_errors_are_json_too() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .args([
+            "serve",
+            "--log-format",
+            "json",
+            "--config",
+            "/nonexistent/idemproxy.yaml",
+        ])
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(v["level"], "ERROR", "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cannot read /nonexistent/idemproxy.yaml")),
+        "{v}"
+    );
+}

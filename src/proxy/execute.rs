@@ -394,10 +394,17 @@ fn answer(
     outcome: Outcome,
     result: Result<Response<ProxyBody>, ProxyError>,
 ) {
+    let status = match &result {
+        Ok(resp) => resp.status(),
+        Err(e) => e.status(),
+    };
     if tx.send((outcome, result)).is_err() {
-        tracing::debug!(
+        // The work a disconnected client started still ran to its end: say how it ended,
+        // so that whoever looks for that payment finds it (the retry is answered from it).
+        tracing::info!(
             outcome = outcome.as_str(),
-            "client went away before its answer; the outcome is kept"
+            status = status.as_u16(),
+            "finished after the client left; its retry gets this outcome"
         );
     }
 }

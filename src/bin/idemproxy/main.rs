@@ -3,81 +3,68 @@
 
 mod cli;
 mod commands;
+mod logging;
 mod serve;
 
 use anyhow::Context;
 use clap::Parser;
-use idemproxy::config::{self, Overrides};
+use idemproxy::config;
 use idemproxy::metrics::Metrics;
 use idemproxy::store::AnyStore;
 use idemproxy::sweep;
 use tokio::net::TcpListener;
 
-use cli::{Cli, Command, LogFormat};
+use cli::{Cli, Command};
 use commands::{apply_migrations, postgres_store, probe, write_stdout};
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.common.log_format);
+    let command = cli.command.unwrap_or(Command::Serve(cli.serve));
+    let format = command.log_format();
+    logging::init(format);
     // `serve` runs one single-threaded runtime per server thread (server::run_threaded);
     // this thread is the first of them. Every other command gets a work-stealing runtime.
-    let mut builder = match cli.command {
-        None | Some(Command::Serve) => tokio::runtime::Builder::new_current_thread(),
-        Some(_) => tokio::runtime::Builder::new_multi_thread(),
+    let mut builder = match command {
+        Command::Serve(_) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
     };
-    let runtime = match builder.enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("idemproxy: cannot start the runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(cli)) {
+    let result = builder
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")
+        .and_then(|runtime| runtime.block_on(run(command)));
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("idemproxy: {e:#}");
+            logging::fatal(format, &e);
             std::process::ExitCode::FAILURE
         }
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
-async fn run(cli: Cli) -> anyhow::Result<()> {
-    let common = cli.common;
-    let overrides = Overrides {
-        listen: common.listen.clone(),
-        upstream: common.upstream.clone(),
-        database_url: common.database_url.clone(),
-        admin_token: std::env::var("IDEMPROXY_ADMIN_TOKEN").ok(),
-    };
-    let path = common.config.as_deref();
-    match cli.command.unwrap_or(Command::Serve) {
-        Command::CheckConfig => {
-            let config = config::load(path, &overrides)?;
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::CheckConfig(args) => {
+            let overrides = cli::overrides(Some(&args.proxy), &args.database);
+            let config = config::load(args.file.config.as_deref(), &overrides)?;
             write_stdout(&config.to_string())?;
             for warning in &config.warnings {
                 eprintln!("idemproxy: warning: {warning}");
             }
             Ok(())
         }
-        Command::Migrate => {
+        Command::Migrate(args) => {
             // Migrating needs only the database, not an upstream.
-            let store = postgres_store(&config::load_store(path, &overrides)?)?;
+            let overrides = cli::overrides(None, &args.database);
+            let store = postgres_store(&config::load_store(
+                args.file.config.as_deref(),
+                &overrides,
+            )?)?;
             apply_migrations(&store).await
         }
-        Command::Sweep => {
+        Command::Sweep(args) => {
+            let overrides = cli::overrides(None, &args.database);
+            let path = args.file.config.as_deref();
             // Never creates a store: a sweep of the wrong path must not make an empty one.
             let store = AnyStore::open_for_process(&config::load_store(path, &overrides)?, false)
                 .context("opening the store")?;
@@ -94,26 +81,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Demo => idemproxy::demo::script::run().await,
         Command::Probe { url } => probe(&url).await,
-        Command::DemoProvider {
-            provider_listen,
-            charge_time,
-        } => {
-            let listener = TcpListener::bind(&provider_listen)
+        Command::DemoProvider(args) => {
+            let listener = TcpListener::bind(&args.listen)
                 .await
-                .with_context(|| format!("binding {provider_listen}"))?;
-            tracing::info!(listen = %provider_listen, "demo provider listening");
+                .with_context(|| format!("binding {}", args.listen))?;
+            tracing::info!(listen = %args.listen, "demo provider listening");
             tokio::select! {
-                () = idemproxy::demo::provider::run(listener, charge_time) => {}
+                () = idemproxy::demo::provider::run(listener, args.charge_time) => {}
                 () = idemproxy::shutdown::signal() => {}
             }
             Ok(())
         }
-        Command::Serve => {
-            serve::serve(
-                std::sync::Arc::new(config::load(path, &overrides)?),
-                common.migrate,
-            )
-            .await
+        Command::Serve(args) => {
+            let overrides = cli::overrides(Some(&args.proxy), &args.database);
+            let config = config::load(args.file.config.as_deref(), &overrides)?;
+            serve::serve(std::sync::Arc::new(config), args.migrate).await
         }
     }
 }

@@ -28,6 +28,7 @@ use upstream::{build_listener_tls, build_upstream};
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
     pub listen: Option<String>,
+    pub admin_listen: Option<String>,
     pub upstream: Option<String>,
     pub database_url: Option<String>,
     /// `IDEMPROXY_ADMIN_TOKEN`: secrets belong in the environment, not the file.
@@ -66,6 +67,9 @@ pub(crate) const HOP_BY_HOP: [&str; 9] = [
 fn apply_overrides(p: &mut Problems, file: &mut FileConfig, overrides: &Overrides) {
     if let Some(listen) = &overrides.listen {
         file.listen = Some(listen.clone());
+    }
+    if let Some(listen) = &overrides.admin_listen {
+        file.admin_listen = Some(listen.clone());
     }
     if let Some(url) = &overrides.upstream {
         file.upstream.get_or_insert_with(Default::default).url = Some(url.clone());
