@@ -3,10 +3,19 @@
 # non-root user. The same image runs the proxy, `migrate`, and the demo provider.
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
+# The dependencies first, in a layer of their own (built against stub sources): a change
+# to the proxy's code rebuilds the proxy, not the ~200 crates under it.
 COPY Cargo.toml Cargo.lock ./
+RUN mkdir -p src/bin/idemproxy \
+ && echo 'fn main() {}' > src/bin/idemproxy/main.rs \
+ && touch src/lib.rs \
+ && cargo build --release --locked --bin idemproxy \
+ && rm -rf src
 COPY src ./src
 COPY migrations ./migrations
-RUN cargo build --release --locked --bin idemproxy
+# COPY keeps the sources' old times, which cargo would take for "the stub's build is newer".
+RUN touch src/lib.rs src/bin/idemproxy/main.rs \
+ && cargo build --release --locked --bin idemproxy
 # The embedded store's directory, created here: the runtime image has no shell.
 RUN mkdir -p /state
 
@@ -22,4 +31,10 @@ WORKDIR /var/lib/idemproxy
 USER nonroot:nonroot
 EXPOSE 8080 9090
 ENTRYPOINT ["/usr/local/bin/idemproxy"]
-CMD ["serve", "--config", "/etc/idemproxy/quickstart.yaml", "--listen", "0.0.0.0:8080"]
+# The default command serves on every interface of the container, the admin listener
+# (health, metrics, the key admin API) too, so it needs a bearer token: without
+# IDEMPROXY_ADMIN_TOKEN it refuses to start and says so.
+# Its upstream is quickstart.yaml's http://127.0.0.1:3000: an app in the same network
+# namespace (a sidecar in the app's pod).
+#   docker run -e IDEMPROXY_ADMIN_TOKEN=… -v idemproxy-keys:/var/lib/idemproxy --network container:APP IMAGE
+CMD ["serve", "--config", "/etc/idemproxy/quickstart.yaml", "--listen", "0.0.0.0:8080", "--admin-listen", "0.0.0.0:9090"]

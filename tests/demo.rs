@@ -262,3 +262,141 @@ fn check_config_reports_errors() {
         "{stderr}"
     );
 }
+
+/// docker-compose.yml, read as Docker would: the image is built by one service and only
+/// run by the others (never pulled), every command it gives our image is one the binary
+/// takes, the keys' volumes are declared, and the image's store volume is mounted.
+#[test]
+fn compose_builds_once_and_runs_what_the_binary_takes() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("docker-compose.yml")).unwrap();
+    let compose: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+    let services = compose["services"].as_object().unwrap();
+    let ours: Vec<(&String, &serde_json::Value)> = services
+        .iter()
+        .filter(|(_, s)| s["image"] == "idemproxy:local")
+        .collect();
+    assert!(ours.len() >= 3, "{ours:?}");
+    let builders: Vec<&String> = ours
+        .iter()
+        .filter(|(_, s)| s.get("build").is_some())
+        .map(|(n, _)| *n)
+        .collect();
+    assert_eq!(
+        builders.len(),
+        1,
+        "built by exactly one service: {builders:?}"
+    );
+    for (name, service) in &ours {
+        if service.get("build").is_none() {
+            assert_eq!(service["pull_policy"], "never", "{name} would try to pull");
+        }
+        let command: Vec<&str> = service["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        // Flags before `--help` are still parsed: an unknown one fails.
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            .args(&command)
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{name}: {command:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for check in service["healthcheck"]["test"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if let Some(url) = check.as_str().filter(|c| c.starts_with("http://")) {
+                let port = url.rsplit(':').next().unwrap().split('/').next().unwrap();
+                let ports = service["ports"].to_string();
+                assert!(
+                    ports.contains(port),
+                    "{name}: health check on {url}, ports {ports}"
+                );
+            }
+        }
+    }
+    let declared = compose["volumes"].as_object().unwrap();
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    let volume = dockerfile
+        .lines()
+        .find_map(|l| l.strip_prefix("VOLUME "))
+        .unwrap()
+        .trim_matches(|c| c == '[' || c == ']' || c == '"' || c == ' ');
+    let mounts = |service: &str| -> Vec<(String, String)> {
+        services[service]["volumes"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{service} mounts no volume"))
+            .iter()
+            .map(|v| {
+                let (name, at) = v.as_str().unwrap().split_once(':').unwrap();
+                assert!(declared.contains_key(name), "volume {name} is not declared");
+                (name.to_owned(), at.to_owned())
+            })
+            .collect()
+    };
+    assert!(
+        mounts("idemproxy").iter().any(|(_, at)| at == volume),
+        "the image's store volume {volume} is mounted"
+    );
+    assert!(
+        mounts("postgres")
+            .iter()
+            .any(|(_, at)| at == "/var/lib/postgresql/data"),
+        "PostgreSQL keeps the keys on a volume"
+    );
+}
+
+/// The image's default command serves on every interface, the admin listener too, and
+/// so refuses to start without a token, saying which variable to set.
+#[test]
+fn the_images_default_command_needs_an_admin_token() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    let cmd: Vec<String> = serde_json::from_str(
+        dockerfile
+            .lines()
+            .find_map(|l| l.strip_prefix("CMD "))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(cmd[0], "serve");
+    // `check-config` takes serve's flags and says what serve would run; the image's
+    // /etc/idemproxy is the repository's config/ (COPY config /etc/idemproxy).
+    let args: Vec<String> = std::iter::once("check-config".to_owned())
+        .chain(
+            cmd[1..]
+                .iter()
+                .map(|a| a.replace("/etc/idemproxy", &root.join("config").display().to_string())),
+        )
+        .collect();
+    let run = |token: Option<&str>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"));
+        command.args(&args).env_remove("DATABASE_URL");
+        match token {
+            Some(t) => command.env("IDEMPROXY_ADMIN_TOKEN", t),
+            None => command.env_remove("IDEMPROXY_ADMIN_TOKEN"),
+        };
+        command.output().unwrap()
+    };
+    let without = run(None);
+    assert!(!without.status.success());
+    let stderr = String::from_utf8_lossy(&without.stderr);
+    assert!(stderr.contains("IDEMPROXY_ADMIN_TOKEN"), "{stderr}");
+    let with = run(Some("t0ken"));
+    assert!(
+        with.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with.stderr)
+    );
+    let printed = String::from_utf8_lossy(&with.stdout);
+    assert!(printed.contains("admin_listen: 0.0.0.0:9090"), "{printed}");
+    assert!(printed.contains("listen: 0.0.0.0:8080"), "{printed}");
+}
