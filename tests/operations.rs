@@ -561,7 +561,43 @@ async fn json_log_lines(db: Backend) {
     }
 }
 
+/// With `client_id: { authorization: sha256 }` the client id is the SHA-256 (hex) of the
+/// whole `Authorization` value, and the admin API finds a key under it — the README's
+/// `printf '%s' 'Bearer …' | sha256sum` recipe.
+async fn admin_paths_for_hashed_credentials(db: Backend) {
+    use sha2::Digest;
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let yaml = format!("admin_token: s3cret\n{PAYMENTS}").replace(
+        "client_id:\n  header: X-Client-Id",
+        "client_id:\n  authorization: sha256",
+    );
+    assert!(yaml.contains("authorization: sha256"));
+    let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    let credential = "Bearer sk_live_51H";
+    let headers = [
+        ("content-type", "application/json"),
+        ("idempotency-key", "order-7"),
+        ("authorization", credential),
+    ];
+    let first = client.send("POST", "/payments", &headers, BODY).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let client_id: String = sha2::Sha256::digest(credential.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let admin = TestClient::at(proxy.admin);
+    let auth = [("authorization", "Bearer s3cret")];
+    let found = admin
+        .send("GET", &format!("/admin/keys/{client_id}/order-7"), &auth, "")
+        .await;
+    assert_eq!(found.status, 200, "{found:?}");
+    assert_eq!(found.json()["status"], "done", "{found:?}");
+    proxy.stop().await;
+}
+
 on_both_stores!(
+    admin_paths_for_hashed_credentials,
     json_log_lines,
     request_log_lines,
     admin_methods_and_schemes,
