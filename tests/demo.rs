@@ -400,3 +400,125 @@ fn the_images_default_command_needs_an_admin_token() {
     assert!(printed.contains("admin_listen: 0.0.0.0:9090"), "{printed}");
     assert!(printed.contains("listen: 0.0.0.0:8080"), "{printed}");
 }
+
+/// The README's quick start, as written: the demo provider on its default address and
+/// the proxy in front of it with no configuration file answer the README's `curl` with a
+/// charge, the same command again with the same charge replayed, another amount under the
+/// key with 422 — and the provider charged once. (On free ports: the defaults would
+/// collide with tests running beside this one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_quick_start_works() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let start = readme.split("## Quick start").nth(1).unwrap();
+    let command = start
+        .lines()
+        .find(|l| l.contains("demo-provider &"))
+        .expect("the quick start starts the demo provider");
+    let upstream_flag = "--upstream http://127.0.0.1:3000";
+    assert!(command.contains(upstream_flag), "{command}");
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .args(["demo-provider", "--help"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&help.stdout).contains("[default: 127.0.0.1:3000]"),
+        "the provider's default address is the one the quick start proxies to"
+    );
+
+    let dir = TempDir::new("quick-start");
+    let provider_port = free_port();
+    let _provider = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .args([
+            "demo-provider",
+            "--listen",
+            &format!("127.0.0.1:{provider_port}"),
+        ])
+        .kill_on_drop(true)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let [port, admin] = [free_port(), free_port()];
+    let _proxy = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .args([
+            "--upstream",
+            &format!("http://127.0.0.1:{provider_port}"),
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--admin-listen",
+            &format!("127.0.0.1:{admin}"),
+        ])
+        .current_dir(&dir.0)
+        .env_remove("DATABASE_URL")
+        .env_remove("IDEMPROXY_CONFIG")
+        .kill_on_drop(true)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let client = TestClient::at(format!("127.0.0.1:{port}").parse().unwrap());
+    let headers = [
+        ("idempotency-key", "7c1f"),
+        ("content-type", "application/json"),
+    ];
+    let body = r#"{"amount":100,"currency":"RUB"}"#;
+    let first = eventually(std::time::Duration::from_secs(10), || async {
+        let reply = client
+            .try_send("POST", "/payments", &headers, body)
+            .await
+            .ok()?;
+        (reply.status != 502).then_some(reply)
+    })
+    .await
+    .expect("the proxy answers");
+    assert_eq!(first.status, 201, "{first:?}");
+    assert!(!first.replayed());
+    let again = client.send("POST", "/payments", &headers, body).await;
+    assert_eq!(again.status, 201);
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    let other = client
+        .send(
+            "POST",
+            "/payments",
+            &headers,
+            r#"{"amount":500,"currency":"RUB"}"#,
+        )
+        .await;
+    assert_eq!(other.status, 422, "{other:?}");
+    let charges = TestClient::at(format!("127.0.0.1:{provider_port}").parse().unwrap())
+        .send("GET", "/charges", &[], "")
+        .await;
+    assert_eq!(charges.json()["charges"], 1);
+    assert!(dir.join("idemproxy.db").exists(), "keys in ./idemproxy.db");
+}
+
+/// Every configuration the README and the docs show (a ```yaml block that starts at the
+/// top level) is one the proxy accepts: documentation that cannot run is a trap.
+#[test]
+fn documented_configurations_are_valid() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut checked = 0;
+    for doc in [
+        "README.md",
+        "docs/configuration.md",
+        "docs/stores.md",
+        "docs/operations.md",
+    ] {
+        let text = std::fs::read_to_string(root.join(doc)).unwrap();
+        for block in text.split("```yaml\n").skip(1) {
+            let yaml = block.split("```").next().unwrap();
+            if yaml.starts_with([' ', '\t']) {
+                continue; // a fragment of a route, shown in its place
+            }
+            let overrides = idemproxy::config::Overrides {
+                upstream: Some("http://127.0.0.1:3000".into()),
+                ..Default::default()
+            };
+            if let Err(e) = idemproxy::config::load_str(yaml, &overrides) {
+                panic!("{doc}: a documented configuration is refused: {e}\n{yaml}");
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3, "{checked}");
+}

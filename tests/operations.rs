@@ -589,7 +589,12 @@ async fn admin_paths_for_hashed_credentials(db: Backend) {
     let admin = TestClient::at(proxy.admin);
     let auth = [("authorization", "Bearer s3cret")];
     let found = admin
-        .send("GET", &format!("/admin/keys/{client_id}/order-7"), &auth, "")
+        .send(
+            "GET",
+            &format!("/admin/keys/{client_id}/order-7"),
+            &auth,
+            "",
+        )
         .await;
     assert_eq!(found.status, 200, "{found:?}");
     assert_eq!(found.json()["status"], "done", "{found:?}");

@@ -177,7 +177,7 @@ pub async fn handle<S: KeyStore>(
             StatusCode::NOT_FOUND,
             "not-found",
             "Not found",
-            "See the README's Operations section for the admin endpoints.",
+            "The admin endpoints are listed in docs/operations.md.",
         ),
     }
 }

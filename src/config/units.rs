@@ -202,7 +202,7 @@ mod tests {
         assert_eq!(parse_size("10 MB"), Ok(10_000_000));
     }
 
-    /// Every unit the README documents parses to the right amount.
+    /// Every unit docs/configuration.md documents parses to the right amount.
     #[test]
     fn durations_parse() {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));

@@ -252,7 +252,7 @@ pub fn client_id(headers: &HeaderMap, source: &ClientIdSource) -> Result<String,
 /// characters of its [`key_id`](crate::store::key_id) (SHA-256 over the client id's length
 /// as 8 big-endian bytes, the client id, and the key — the stored key, so `route:key` under
 /// `key_scope: client_and_route`). An operator computes it from a customer's client id
-/// and key to find their lines (README, Logs).
+/// and key to find their lines (docs/operations.md, Logs).
 pub fn key_hash(client_id: &str, key: &str) -> String {
     hex(&crate::store::key_id(client_id, key)[..6])
 }
