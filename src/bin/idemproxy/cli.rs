@@ -43,7 +43,7 @@ pub enum Command {
     /// Apply the database migrations and exit.
     Migrate(StoreArgs),
     /// Print the effective configuration and route table, or every error (exit 1).
-    CheckConfig(CheckArgs),
+    CheckConfig(ProxyArgs),
     /// Run one retention pass (delete expired keys) and exit.
     Sweep(StoreArgs),
     /// Play the seed article's scenarios against the demo provider and print them.
@@ -60,11 +60,7 @@ pub enum Command {
 #[derive(Args)]
 pub struct ServeArgs {
     #[command(flatten)]
-    pub file: ConfigFile,
-    #[command(flatten)]
-    pub proxy: ProxyFlags,
-    #[command(flatten)]
-    pub database: DatabaseUrl,
+    pub target: ProxyArgs,
     /// Apply database migrations before serving.
     #[arg(long)]
     pub migrate: bool,
@@ -83,9 +79,10 @@ pub struct StoreArgs {
     pub logging: Logging,
 }
 
-/// `check-config` takes every override `serve` does, to check what `serve` would run.
+/// What the proxy runs: the file and the overrides over it. `check-config` takes the same,
+/// to check what `serve` would run.
 #[derive(Args)]
-pub struct CheckArgs {
+pub struct ProxyArgs {
     #[command(flatten)]
     pub file: ConfigFile,
     #[command(flatten)]
@@ -192,8 +189,8 @@ mod tests {
     fn no_command_is_serve_with_its_flags() {
         let cli = parse(&["--upstream", "http://u", "--admin-listen", "127.0.0.1:1"]).unwrap();
         assert!(cli.command.is_none());
-        assert_eq!(cli.serve.proxy.upstream.as_deref(), Some("http://u"));
-        assert_eq!(cli.serve.proxy.admin_listen.as_deref(), Some("127.0.0.1:1"));
+        assert_eq!(cli.serve.target.proxy.upstream.as_deref(), Some("http://u"));
+        assert_eq!(cli.serve.target.proxy.admin_listen.as_deref(), Some("127.0.0.1:1"));
     }
 
     #[test]

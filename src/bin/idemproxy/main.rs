@@ -93,8 +93,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve(args) => {
-            let overrides = cli::overrides(Some(&args.proxy), &args.database);
-            let config = config::load(args.file.config.as_deref(), &overrides)?;
+            let target = &args.target;
+            let overrides = cli::overrides(Some(&target.proxy), &target.database);
+            let config = config::load(target.file.config.as_deref(), &overrides)?;
             serve::serve(std::sync::Arc::new(config), args.migrate).await
         }
     }
