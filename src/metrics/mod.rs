@@ -4,51 +4,18 @@
 //! so two proxies in one test process count separately. `/metrics` on the admin listener
 //! renders it in the OpenMetrics text format, which Prometheus scrapes natively.
 
-use std::fmt::Write as _;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-/// A route name as a label value: shared, so labelling a request costs no allocation.
-#[derive(Clone, Debug, Hash, PartialEq, Eq)]
-pub struct RouteName(pub Arc<str>);
+mod labels;
 
-impl EncodeLabelValue for RouteName {
-    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
-        encoder.write_str(&self.0)
-    }
-}
-
-/// `route`, `outcome`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RouteOutcome {
-    pub route: RouteName,
-    pub outcome: &'static str,
-}
-
-/// `route`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RouteLabel {
-    pub route: RouteName,
-}
-
-/// `op` (reserve, renew, complete, release, sweep, ...).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OpLabel {
-    pub op: &'static str,
-}
-
-/// `kind` (not_sent, timeout, failed).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabel {
-    pub kind: &'static str,
-}
+pub use labels::*;
 
 fn latency() -> Histogram {
     // 0.25 ms to ~8 s.
