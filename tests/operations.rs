@@ -96,11 +96,28 @@ async fn metrics_count_outcomes(db: Backend) {
     );
     let samples = parse_exposition(std::str::from_utf8(&reply.body).unwrap());
     let count = |outcome: &str, route: &str| {
+        ["2xx", "4xx", "5xx"]
+            .iter()
+            .map(|class| {
+                sample(
+                    &samples,
+                    &format!(
+                        "idemproxy_requests_total{{route=\"{route}\",outcome=\"{outcome}\",status_class=\"{class}\"}}"
+                    ),
+                )
+            })
+            .sum::<f64>()
+    };
+    let in_class = |outcome: &str, class: &str| {
         sample(
             &samples,
-            &format!("idemproxy_requests_total{{route=\"{route}\",outcome=\"{outcome}\"}}"),
+            &format!(
+                "idemproxy_requests_total{{route=\"create-payment\",outcome=\"{outcome}\",status_class=\"{class}\"}}"
+            ),
         )
     };
+    assert_eq!(in_class("executed", "2xx"), 1.0);
+    assert_eq!(in_class("conflict", "4xx"), 1.0);
     assert_eq!(count("executed", "create-payment"), 1.0);
     assert_eq!(count("conflict", "create-payment"), 1.0);
     assert_eq!(count("replayed", "create-payment"), 1.0);
@@ -121,6 +138,64 @@ async fn metrics_count_outcomes(db: Backend) {
         ),
         1.0
     );
+    proxy.stop().await;
+}
+
+/// Every series an alert rule names exists from the start, at zero, for each configured
+/// route; `build_info` names the version; latency buckets reach past the upstream timeout
+/// (10 s in `PAYMENTS`), so a request held for all of it is not only in `+Inf`; the pool
+/// gauges are there on both stores.
+async fn metrics_exist_from_the_start(db: Backend) {
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
+    let reply = TestClient::at(proxy.admin)
+        .send("GET", "/metrics", &[], "")
+        .await;
+    let samples = parse_exposition(std::str::from_utf8(&reply.body).unwrap());
+    let has = |series: &str| samples.iter().find(|(s, _)| s == series).map(|(_, v)| *v);
+    for series in [
+        "idemproxy_store_errors_total{op=\"reserve\"}",
+        "idemproxy_store_errors_total{op=\"complete\"}",
+        "idemproxy_upstream_errors_total{kind=\"timeout\"}",
+        "idemproxy_upstream_errors_total{kind=\"not_sent\"}",
+        "idemproxy_connection_errors_total{kind=\"header_timeout\"}",
+        "idemproxy_fenced_off_completions_total{route=\"create-payment\"}",
+        "idemproxy_takeovers_total{route=\"orders\"}",
+        "idemproxy_leases_lost_total{route=\"create-payment\"}",
+        "idemproxy_unresolved_keys{route=\"create-payment\"}",
+        "idemproxy_reconciled_total{route=\"create-payment\",outcome=\"inconclusive\"}",
+        "idemproxy_requests_total{route=\"create-payment\",outcome=\"store_error\",status_class=\"5xx\"}",
+        "idemproxy_requests_total{route=\"orders\",outcome=\"executed\",status_class=\"2xx\"}",
+        "idemproxy_lease_renewal_errors_total",
+        "idemproxy_completions_abandoned_total",
+    ] {
+        assert_eq!(has(series), Some(0.0), "{series} at zero from the start");
+    }
+    assert_eq!(
+        has(&format!(
+            "idemproxy_build_info{{version=\"{}\"}}",
+            env!("CARGO_PKG_VERSION")
+        )),
+        Some(1.0)
+    );
+    for gauge in ["idemproxy_pool_connections", "idemproxy_pool_available", "idemproxy_pool_waiting"] {
+        assert!(has(gauge).is_some(), "{gauge} on this store");
+    }
+    // Upstream latency buckets go past its timeout; request buckets past twice that.
+    let client = TestClient::new(&proxy);
+    assert_eq!(client.post("/payments", "shop-1", "b", BODY).await.status, 201);
+    let reply = TestClient::at(proxy.admin)
+        .send("GET", "/metrics", &[], "")
+        .await;
+    let text = String::from_utf8_lossy(&reply.body).into_owned();
+    let top = |name: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(name) && !l.contains("+Inf"))
+            .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next()?.parse::<f64>().ok())
+            .fold(0.0, f64::max)
+    };
+    assert!(top("idemproxy_upstream_duration_seconds_bucket") >= 10.0, "{text}");
+    assert!(top("idemproxy_request_duration_seconds_bucket") >= 20.0, "{text}");
     proxy.stop().await;
 }
 
@@ -602,6 +677,7 @@ async fn admin_paths_for_hashed_credentials(db: Backend) {
 }
 
 on_both_stores!(
+    metrics_exist_from_the_start,
     admin_paths_for_hashed_credentials,
     json_log_lines,
     request_log_lines,

@@ -10,25 +10,22 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 mod labels;
 
 pub use labels::*;
 
-fn latency() -> Histogram {
-    // 0.25 ms to ~8 s.
-    Histogram::new(exponential_buckets(0.000_25, 2.0, 16))
-}
-
 /// The proxy's metrics and the registry that renders them.
 pub struct Metrics {
     registry: Registry,
-    /// Requests by route and outcome (`passed_through` has route `-`).
-    pub requests: Family<RouteOutcome, Counter>,
+    /// Requests by route, outcome and status class (`passed_through` has route `-`).
+    pub requests: Family<RouteOutcomeClass, Counter>,
     /// Whole-request latency as the client sees it.
-    pub request_seconds: Family<RouteOutcome, Histogram, fn() -> Histogram>,
+    pub request_seconds: Family<RouteOutcome, Histogram, Buckets>,
+    /// `1`, labelled with the running build's version.
+    pub build_info: Family<BuildLabels, Gauge>,
     /// Reservations that took over an expired lease (re-executions).
     pub takeovers: Family<RouteLabel, Counter>,
     /// Completions refused by the fence: a stale worker lost its key to a takeover.
@@ -42,11 +39,11 @@ pub struct Metrics {
     /// Store calls that failed, by operation.
     pub store_errors: Family<OpLabel, Counter>,
     /// Store call latency, by operation.
-    pub store_seconds: Family<OpLabel, Histogram, fn() -> Histogram>,
+    pub store_seconds: Family<OpLabel, Histogram, Buckets>,
     /// Upstream calls that failed, by kind.
     pub upstream_errors: Family<KindLabel, Counter>,
     /// Upstream call latency (whole answer), by route.
-    pub upstream_seconds: Family<RouteLabel, Histogram, fn() -> Histogram>,
+    pub upstream_seconds: Family<RouteLabel, Histogram, Buckets>,
     /// Rows deleted by the retention sweep.
     pub swept_rows: Counter,
     /// Sweep passes that failed.
@@ -83,6 +80,7 @@ pub struct Metrics {
 struct RequestSeries {
     route: Arc<str>,
     outcome: &'static str,
+    class: &'static str,
     count: Counter,
     seconds: Histogram,
 }
@@ -97,12 +95,20 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Creates every metric and registers it under the `idemproxy_` prefix.
+    /// Metrics for the default timeouts (20 s upstream, 3 s store).
     pub fn new() -> Self {
+        Self::with_timeouts(Duration::from_secs(20), Duration::from_secs(3))
+    }
+
+    /// Creates every metric and registers it under the `idemproxy_` prefix, with latency
+    /// buckets that reach past the timeouts (a request may wait for a duplicate's answer
+    /// and then for the upstream, so its buckets reach twice the upstream's).
+    pub fn with_timeouts(upstream: Duration, store: Duration) -> Self {
         let mut registry = Registry::with_prefix("idemproxy");
         let m = Metrics {
             requests: Family::default(),
-            request_seconds: Family::new_with_constructor(latency),
+            request_seconds: Family::new_with_constructor(Buckets::reaching(upstream * 2)),
+            build_info: Family::default(),
             request_series: RwLock::new(Vec::new()),
             takeovers: Family::default(),
             fenced_off: Family::default(),
@@ -110,9 +116,9 @@ impl Metrics {
             renewal_errors: Counter::default(),
             completions_abandoned: Counter::default(),
             store_errors: Family::default(),
-            store_seconds: Family::new_with_constructor(latency),
+            store_seconds: Family::new_with_constructor(Buckets::reaching(store)),
             upstream_errors: Family::default(),
-            upstream_seconds: Family::new_with_constructor(latency),
+            upstream_seconds: Family::new_with_constructor(Buckets::reaching(upstream)),
             swept_rows: Counter::default(),
             sweep_errors: Counter::default(),
             unresolved_swept: Counter::default(),
@@ -133,6 +139,11 @@ impl Metrics {
             "requests",
             "Requests by route and outcome",
             m.requests.clone(),
+        );
+        registry.register(
+            "build_info",
+            "The running build: its version, as a label",
+            m.build_info.clone(),
         );
         registry.register(
             "request_duration_seconds",
@@ -244,7 +255,55 @@ impl Metrics {
             "Replays answered from memory, without the store",
             m.replay_cache_hits.clone(),
         );
+        m.build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        for op in known::STORE_OPS {
+            let _ = m.store_errors.get_or_create(&OpLabel { op });
+        }
+        for kind in known::UPSTREAM_ERRORS {
+            let _ = m.upstream_errors.get_or_create(&KindLabel { kind });
+        }
+        for kind in known::CONNECTION_ERRORS {
+            let _ = m.connection_errors.get_or_create(&KindLabel { kind });
+        }
         Metrics { registry, ..m }
+    }
+
+    /// Creates every per-route series an alert or a dashboard names, at zero, for the
+    /// configured routes: a rule over a series that does not exist yet sees nothing.
+    pub fn prime(&self, routes: &[Arc<str>]) {
+        for route in routes {
+            let label = || RouteName(Arc::clone(route));
+            for family in [&self.takeovers, &self.fenced_off, &self.leases_lost] {
+                let _ = family.get_or_create(&RouteLabel { route: label() });
+            }
+            let _ = self
+                .unresolved_keys
+                .get_or_create(&RouteLabel { route: label() });
+            for outcome in known::RECONCILED {
+                let _ = self.reconciled.get_or_create(&RouteOutcome {
+                    route: label(),
+                    outcome,
+                });
+            }
+            for (outcome, status_class) in known::REQUEST_OUTCOMES {
+                let _ = self.requests.get_or_create(&RouteOutcomeClass {
+                    route: label(),
+                    outcome,
+                    status_class,
+                });
+            }
+        }
+        if let Ok(mut shown) = self.unresolved_routes.lock() {
+            for route in routes {
+                if !shown.contains(route) {
+                    shown.push(Arc::clone(route));
+                }
+            }
+        }
     }
 
     /// Brings the replay cache's series up to `status` (read from the store at a scrape).
@@ -280,7 +339,8 @@ impl Metrics {
                 .iter()
                 .find(|(r, _)| **r == **route)
                 .map_or(0, |(_, n)| *n);
-            self.unresolved_keys
+            let _ = self
+                .unresolved_keys
                 .get_or_create(&RouteLabel {
                     route: RouteName(Arc::clone(route)),
                 })
@@ -288,16 +348,25 @@ impl Metrics {
         }
     }
 
-    /// Counts one request and its latency.
+    /// Counts one request, by the class of the status it was answered, and its latency.
     ///
-    /// It runs on every request, so the pair of series for a (route, outcome) is looked up
-    /// once in the families (which hash the labels) and then found in a short list: there
-    /// are only a handful of routes and outcomes.
-    pub fn observe_request(&self, route: &Arc<str>, outcome: &'static str, elapsed: Duration) {
+    /// It runs on every request, so the pair of series for a (route, outcome, class) is
+    /// looked up once in the families (which hash the labels) and then found in a short
+    /// list: there are only a handful of routes, outcomes and classes.
+    pub fn observe_request(
+        &self,
+        route: &Arc<str>,
+        outcome: &'static str,
+        status: u16,
+        elapsed: Duration,
+    ) {
         let seconds = elapsed.as_secs_f64();
+        let class = status_class(status);
         if let Ok(series) = self.request_series.read() {
             let known = series.iter().find(|s| {
-                s.outcome == outcome && (Arc::ptr_eq(&s.route, route) || s.route == *route)
+                s.outcome == outcome
+                    && s.class == class
+                    && (Arc::ptr_eq(&s.route, route) || s.route == *route)
             });
             if let Some(s) = known {
                 s.count.inc();
@@ -305,20 +374,31 @@ impl Metrics {
                 return;
             }
         }
-        let labels = RouteOutcome {
-            route: RouteName(Arc::clone(route)),
-            outcome,
-        };
-        let count = self.requests.get_or_create(&labels).clone();
-        let seconds_series = self.request_seconds.get_or_create(&labels).clone();
+        let count = self
+            .requests
+            .get_or_create(&RouteOutcomeClass {
+                route: RouteName(Arc::clone(route)),
+                outcome,
+                status_class: class,
+            })
+            .clone();
+        let seconds_series = self
+            .request_seconds
+            .get_or_create(&RouteOutcome {
+                route: RouteName(Arc::clone(route)),
+                outcome,
+            })
+            .clone();
         count.inc();
         seconds_series.observe(seconds);
         if let Ok(mut series) = self.request_series.write() {
-            // Bounded: routes come from the configuration, outcomes are constants.
+            // Bounded: routes come from the configuration, outcomes and classes are
+            // constants.
             if series.len() < MAX_CACHED_SERIES {
                 series.push(RequestSeries {
                     route: Arc::clone(route),
                     outcome,
+                    class,
                     count,
                     seconds: seconds_series,
                 });

@@ -60,12 +60,20 @@ impl<S: KeyStore> Proxy<S> {
     /// A proxy in front of `config.upstream`, keeping keys in `store`.
     pub fn new(config: Arc<Config>, store: S) -> Self {
         let forwarder = Forwarder::new(config.upstream.clone(), config.tls.is_some());
+        let metrics = Metrics::with_timeouts(config.upstream.timeout, config.store.timeout());
+        let routes: Vec<Arc<str>> = config
+            .routes
+            .routes()
+            .iter()
+            .map(|r| Arc::clone(&r.name))
+            .collect();
+        metrics.prime(&routes);
         Self {
             shared: Arc::new(Shared {
                 config,
                 store,
                 forwarder,
-                metrics: Arc::new(Metrics::new()),
+                metrics: Arc::new(metrics),
                 unrouted: Arc::from("-"),
                 tasks: TaskTracker::new(),
                 draining: Arc::default(),
@@ -136,9 +144,13 @@ impl<S: KeyStore> Proxy<S> {
         let mut uri = req.uri().clone();
         let mut marks = None;
         let (route, outcome, result) = self.handle_inner(req, peer, &mut uri, &mut marks).await;
+        let status = match &result {
+            Ok(resp) => resp.status(),
+            Err(err) => err.status(),
+        };
         self.shared
             .metrics
-            .observe_request(route, outcome, started.elapsed());
+            .observe_request(route, outcome, status.as_u16(), started.elapsed());
         let mut resp = match result {
             Ok(resp) => resp,
             Err(err) => {

@@ -392,6 +392,16 @@ impl KeyStore for EmbeddedStore {
         self.inner.cache.as_ref().map(|c| c.status())
     }
 
+    /// One connection: idle when its turn is free; waiting are the writes queued for
+    /// the next batch.
+    fn pool_status(&self) -> Option<PoolStatus> {
+        Some(PoolStatus {
+            size: 1,
+            available: self.inner.turn.available_permits().min(1),
+            waiting: self.inner.group.waiting(),
+        })
+    }
+
     fn subscribe(&self, id: KeyId) -> Arc<Notify> {
         self.inner.waiters.subscribe(id)
     }

@@ -190,7 +190,10 @@ mod tests {
         let cli = parse(&["--upstream", "http://u", "--admin-listen", "127.0.0.1:1"]).unwrap();
         assert!(cli.command.is_none());
         assert_eq!(cli.serve.target.proxy.upstream.as_deref(), Some("http://u"));
-        assert_eq!(cli.serve.target.proxy.admin_listen.as_deref(), Some("127.0.0.1:1"));
+        assert_eq!(
+            cli.serve.target.proxy.admin_listen.as_deref(),
+            Some("127.0.0.1:1")
+        );
     }
 
     #[test]
