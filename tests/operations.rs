@@ -13,6 +13,12 @@ use support::*;
 
 const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpose":"order-1"}"#;
 
+/// What Prometheus sends when it scrapes.
+const OPENMETRICS: &[(&str, &str)] = &[(
+    "accept",
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+)];
+
 /// Parses Prometheus/OpenMetrics text into (series, value), failing on any malformed line.
 fn parse_exposition(text: &str) -> Vec<(String, f64)> {
     assert!(
@@ -86,7 +92,7 @@ async fn metrics_count_outcomes(db: Backend) {
         .await;
 
     let admin = TestClient::at(proxy.admin);
-    let reply = admin.send("GET", "/metrics", &[], "").await;
+    let reply = admin.send("GET", "/metrics", OPENMETRICS, "").await;
     assert_eq!(reply.status, 200);
     assert!(
         reply.headers["content-type"]
@@ -149,7 +155,7 @@ async fn metrics_exist_from_the_start(db: Backend) {
     let upstream = Upstream::spawn(Behavior::default()).await;
     let proxy = TestProxy::spawn(PAYMENTS, &upstream, &db).await;
     let reply = TestClient::at(proxy.admin)
-        .send("GET", "/metrics", &[], "")
+        .send("GET", "/metrics", OPENMETRICS, "")
         .await;
     let samples = parse_exposition(std::str::from_utf8(&reply.body).unwrap());
     let has = |series: &str| samples.iter().find(|(s, _)| s == series).map(|(_, v)| *v);
@@ -178,24 +184,44 @@ async fn metrics_exist_from_the_start(db: Backend) {
         )),
         Some(1.0)
     );
-    for gauge in ["idemproxy_pool_connections", "idemproxy_pool_available", "idemproxy_pool_waiting"] {
+    for gauge in [
+        "idemproxy_pool_connections",
+        "idemproxy_pool_available",
+        "idemproxy_pool_waiting",
+    ] {
         assert!(has(gauge).is_some(), "{gauge} on this store");
     }
     // Upstream latency buckets go past its timeout; request buckets past twice that.
     let client = TestClient::new(&proxy);
-    assert_eq!(client.post("/payments", "shop-1", "b", BODY).await.status, 201);
+    assert_eq!(
+        client.post("/payments", "shop-1", "b", BODY).await.status,
+        201
+    );
     let reply = TestClient::at(proxy.admin)
-        .send("GET", "/metrics", &[], "")
+        .send("GET", "/metrics", OPENMETRICS, "")
         .await;
     let text = String::from_utf8_lossy(&reply.body).into_owned();
     let top = |name: &str| {
         text.lines()
             .filter(|l| l.starts_with(name) && !l.contains("+Inf"))
-            .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next()?.parse::<f64>().ok())
+            .filter_map(|l| {
+                l.split("le=\"")
+                    .nth(1)?
+                    .split('"')
+                    .next()?
+                    .parse::<f64>()
+                    .ok()
+            })
             .fold(0.0, f64::max)
     };
-    assert!(top("idemproxy_upstream_duration_seconds_bucket") >= 10.0, "{text}");
-    assert!(top("idemproxy_request_duration_seconds_bucket") >= 20.0, "{text}");
+    assert!(
+        top("idemproxy_upstream_duration_seconds_bucket") >= 10.0,
+        "{text}"
+    );
+    assert!(
+        top("idemproxy_request_duration_seconds_bucket") >= 20.0,
+        "{text}"
+    );
     proxy.stop().await;
 }
 

@@ -140,11 +140,25 @@ pub async fn handle<S: KeyStore>(
             if let Some(cache) = proxy.store().replay_cache() {
                 metrics.observe_replay_cache(cache);
             }
-            text(
-                StatusCode::OK,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                metrics.render(),
-            )
+            // OpenMetrics for a scraper that asks for it (Prometheus does); the classic
+            // text format otherwise (curl, promtool check metrics, older scrapers).
+            let openmetrics = req.headers().get_all(http::header::ACCEPT).iter().any(|v| {
+                v.to_str()
+                    .is_ok_and(|v| v.contains("application/openmetrics-text"))
+            });
+            if openmetrics {
+                text(
+                    StatusCode::OK,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    metrics.render(),
+                )
+            } else {
+                text(
+                    StatusCode::OK,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    metrics.render_classic(),
+                )
+            }
         }
         (_, "/healthz" | "/readyz" | "/metrics") => not_allowed("GET"),
         (_, p) if p.starts_with("/admin/") => {
