@@ -376,8 +376,8 @@ fn problem(
 fn reconciled<S: KeyStore>(proxy: &Proxy<S>, record: &crate::store::KeyRecord) -> bool {
     let config = proxy.config();
     config.reconcile.is_some()
-        && config
-            .routes
+        && proxy
+            .routes()
             .routes()
             .iter()
             .any(|r| *r.name == record.route && r.policy.recovery_probe.is_some())

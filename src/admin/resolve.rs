@@ -141,8 +141,7 @@ async fn resolve<S: KeyStore>(
         );
     }
     let retention = proxy
-        .config()
-        .routes
+        .routes()
         .routes()
         .iter()
         .find(|r| *r.name == row.route)

@@ -68,9 +68,8 @@ impl<S: KeyStore> Proxy<S> {
     /// One pass: claims up to `reconcile.batch` due unresolved keys and settles each.
     pub async fn reconcile_once(&self, reconcile: Reconcile) -> Result<Reconciled, StoreError> {
         let shared = &self.shared;
-        let probed: Vec<&Arc<Route>> = shared
-            .config
-            .routes
+        let table = shared.routes.current();
+        let probed: Vec<&Arc<Route>> = table
             .routes()
             .iter()
             .filter(|r| r.policy.recovery_probe.is_some())
@@ -114,8 +113,8 @@ impl<S: KeyStore> Proxy<S> {
         match shared.store.unresolved_counts().await {
             Ok(counts) => {
                 let routes: Vec<Arc<str>> = shared
-                    .config
                     .routes
+                    .current()
                     .routes()
                     .iter()
                     .map(|r| Arc::clone(&r.name))

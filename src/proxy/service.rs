@@ -15,6 +15,7 @@ use super::body::{BoxError, ProxyBody, boxed};
 use super::forward::{ForwardError, Forwarder};
 use super::headers::client_head;
 use super::key::{parse_keys, scoped_key};
+use super::live::{LiveRoutes, Reloaded, fixed_changes};
 use super::protect::{self, Protected};
 use crate::config::{Config, EchoKey, Route};
 use crate::metrics::{KindLabel, Metrics};
@@ -25,8 +26,12 @@ use crate::store::KeyStore;
 
 /// State shared by every connection and every detached execution.
 pub(crate) struct Shared<S> {
-    /// Validated configuration; immutable for the life of the process.
+    /// Validated configuration as it was at start: everything but the routes is fixed
+    /// for the life of the process.
     pub config: Arc<Config>,
+    /// The routes and policies in force: replaced by a reload (see `live`), shared by
+    /// every server thread.
+    pub routes: Arc<LiveRoutes>,
     /// The key table.
     pub store: S,
     /// Pooled upstream client.
@@ -68,9 +73,11 @@ impl<S: KeyStore> Proxy<S> {
             .map(|r| Arc::clone(&r.name))
             .collect();
         metrics.prime(&routes);
+        let live = Arc::new(LiveRoutes::new(config.routes.clone()));
         Self {
             shared: Arc::new(Shared {
                 config,
+                routes: live,
                 store,
                 forwarder,
                 metrics: Arc::new(metrics),
@@ -91,6 +98,7 @@ impl<S: KeyStore> Proxy<S> {
         Self {
             shared: Arc::new(Shared {
                 config: Arc::clone(&shared.config),
+                routes: Arc::clone(&shared.routes),
                 store: shared.store.clone(),
                 forwarder: shared.forwarder.sibling(),
                 metrics: Arc::clone(&shared.metrics),
@@ -104,6 +112,31 @@ impl<S: KeyStore> Proxy<S> {
     /// The configuration it runs with.
     pub fn config(&self) -> &Arc<Config> {
         &self.shared.config
+    }
+
+    /// The route table new requests are routed by (the configuration's, or a reload's).
+    pub fn routes(&self) -> Arc<crate::route::RouteTable> {
+        self.shared.routes.current()
+    }
+
+    /// Puts a new configuration's routes and policies in force for new requests; requests
+    /// in flight finish under the policy they started with. The caller has validated
+    /// `new` whole (`config::load`): an invalid file never gets here. Sections that cannot
+    /// change while running are named in the result when they differ, and not applied.
+    pub fn reload(&self, new: &Config) -> Reloaded {
+        let needs_restart = fixed_changes(&self.shared.config, new);
+        self.shared.routes.replace(new.routes.clone());
+        let names: Vec<Arc<str>> = new
+            .routes
+            .routes()
+            .iter()
+            .map(|r| Arc::clone(&r.name))
+            .collect();
+        self.shared.metrics.prime(&names);
+        Reloaded {
+            routes: names.len(),
+            needs_restart,
+        }
     }
 
     /// The store, for readiness checks.
@@ -150,20 +183,20 @@ impl<S: KeyStore> Proxy<S> {
         };
         self.shared
             .metrics
-            .observe_request(route, outcome, status.as_u16(), started.elapsed());
+            .observe_request(&route, outcome, status.as_u16(), started.elapsed());
         let mut resp = match result {
             Ok(resp) => resp,
             Err(err) => {
                 let status = err.status();
                 if status.is_server_error() {
-                    tracing::warn!(%method, path = uri.path(), route = &**route, status = status.as_u16(), cause = %error_chain(&err), "request failed");
+                    tracing::warn!(%method, path = uri.path(), route = &*route, status = status.as_u16(), cause = %error_chain(&err), "request failed");
                 } else if status == http::StatusCode::CONFLICT {
                     // A duplicate of a request in flight: the normal course of a retry.
-                    tracing::debug!(%method, path = uri.path(), route = &**route, status = status.as_u16(), reason = %err, "request rejected");
+                    tracing::debug!(%method, path = uri.path(), route = &*route, status = status.as_u16(), reason = %err, "request rejected");
                 } else {
                     // The client's to fix: at info, with the reason, for whoever helps it
                     // find out why.
-                    tracing::info!(%method, path = uri.path(), route = &**route, status = status.as_u16(), reason = %err, "request rejected");
+                    tracing::info!(%method, path = uri.path(), route = &*route, status = status.as_u16(), reason = %err, "request rejected");
                 }
                 err.into_response()
             }
@@ -183,7 +216,7 @@ impl<S: KeyStore> Proxy<S> {
         log_uri: &mut Uri,
         marks: &mut Option<Marks>,
     ) -> (
-        &Arc<str>,
+        Arc<str>,
         &'static str,
         Result<Response<ProxyBody>, ProxyError>,
     )
@@ -193,8 +226,12 @@ impl<S: KeyStore> Proxy<S> {
     {
         let (route, uri) = match self.route(&req) {
             Ok(Some(routed)) => routed,
-            Ok(None) => return self.pass_through(&self.shared.unrouted, req, peer).await,
-            Err(e) => return (&self.shared.unrouted, "rejected", Err(e)),
+            Ok(None) => {
+                return self
+                    .pass_through(Arc::clone(&self.shared.unrouted), req, peer)
+                    .await;
+            }
+            Err(e) => return (Arc::clone(&self.shared.unrouted), "rejected", Err(e)),
         };
         // What was matched is what is forwarded. The copy also frees the connection's read
         // buffer, which the URI as read is a slice of, while a protected request waits.
@@ -210,15 +247,15 @@ impl<S: KeyStore> Proxy<S> {
                     header: policy.key_header_names(),
                     body: None,
                 };
-                return (&route.name, "rejected", Err(err));
+                return (Arc::clone(&route.name), "rejected", Err(err));
             }
-            Ok(None) => return self.pass_through(&route.name, req, peer).await,
+            Ok(None) => return self.pass_through(Arc::clone(&route.name), req, peer).await,
             Err((header, reason)) => {
                 let err = ProxyError::InvalidKey {
                     header: header.to_string(),
                     reason,
                 };
-                return (&route.name, "rejected", Err(err));
+                return (Arc::clone(&route.name), "rejected", Err(err));
             }
         };
         // From here on every answer is a protected one, marked as such.
@@ -241,7 +278,7 @@ impl<S: KeyStore> Proxy<S> {
         // through included) would otherwise be as large as it.
         let protected = Box::pin(protect::protect(
             &self.shared,
-            Arc::clone(route),
+            Arc::clone(&route),
             key,
             req,
             peer,
@@ -255,11 +292,11 @@ impl<S: KeyStore> Proxy<S> {
                 {
                     marks.echo = echo(value, None);
                 }
-                (&route.name, outcome, result)
+                (Arc::clone(&route.name), outcome, result)
             }
             Protected::Unkeyed(req) => {
                 *marks = None;
-                self.pass_through(&route.name, req, peer).await
+                self.pass_through(Arc::clone(&route.name), req, peer).await
             }
         }
     }
@@ -267,16 +304,12 @@ impl<S: KeyStore> Proxy<S> {
     /// The route protecting this request and its URI in the route's spelling, `None` when
     /// no route protects it, or a `400` for a path that cannot be normalised safely on a
     /// method some route protects.
-    fn route<B>(&self, req: &Request<B>) -> Result<Option<(&Arc<Route>, Uri)>, ProxyError> {
+    fn route<B>(&self, req: &Request<B>) -> Result<Option<(Arc<Route>, Uri)>, ProxyError> {
         // Every spelling of a protected path is matched, fingerprinted and forwarded as one.
-        match self
-            .shared
-            .config
-            .routes
-            .resolve(req.method(), req.uri().path())
-        {
+        let table = self.shared.routes.current();
+        match table.resolve(req.method(), req.uri().path()) {
             Lookup::Route(route, path) => match respelled(req.uri(), &path) {
-                Some(uri) => Ok(Some((route, uri))),
+                Some(uri) => Ok(Some((Arc::clone(route), uri))),
                 None => Err(ProxyError::InvalidPath(PathError::NotAbsolute)),
             },
             Lookup::Unrouted => Ok(None),
@@ -285,13 +318,13 @@ impl<S: KeyStore> Proxy<S> {
     }
 
     /// Forwards an unprotected request as it is, streaming both ways.
-    async fn pass_through<'a, B>(
+    async fn pass_through<B>(
         &self,
-        route: &'a Arc<str>,
+        route: Arc<str>,
         req: Request<B>,
         peer: SocketAddr,
     ) -> (
-        &'a Arc<str>,
+        Arc<str>,
         &'static str,
         Result<Response<ProxyBody>, ProxyError>,
     )

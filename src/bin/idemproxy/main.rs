@@ -4,6 +4,7 @@
 mod cli;
 mod commands;
 mod logging;
+mod reload;
 mod serve;
 
 use anyhow::Context;
@@ -96,7 +97,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let target = &args.target;
             let overrides = cli::overrides(Some(&target.proxy), &target.database);
             let config = config::load(target.file.config.as_deref(), &overrides)?;
-            serve::serve(std::sync::Arc::new(config), args.migrate).await
+            let source = reload::Source {
+                path: target.file.config.clone(),
+                overrides,
+            };
+            serve::serve(std::sync::Arc::new(config), args.migrate, source).await
         }
     }
 }

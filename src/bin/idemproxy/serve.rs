@@ -11,8 +11,15 @@ use idemproxy::sweep;
 use tokio::net::TcpListener;
 
 use crate::commands::apply_migrations;
+use crate::reload;
 
-pub async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<()> {
+pub async fn serve(
+    config: Arc<Config>,
+    run_migrations: bool,
+    source: reload::Source,
+) -> anyhow::Result<()> {
+    // First: until a handler is installed, SIGHUP's default action ends the process.
+    let hangups = reload::listen();
     let store = open_store(&config, run_migrations).await?;
     for warning in &config.warnings {
         tracing::warn!(%warning, "configuration");
@@ -76,6 +83,10 @@ pub async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<
         let proxy = proxy.clone();
         tokio::spawn(async move { proxy.run_reconciler(r).await })
     });
+    let reloader = hangups.map(|hangups| {
+        let proxy = proxy.clone();
+        tokio::spawn(async move { reload::on_hangup(proxy, source, hangups).await })
+    });
     let tasks = proxy.tasks().clone();
     let shutdown = async move {
         idemproxy::shutdown::signal().await;
@@ -95,6 +106,9 @@ pub async fn serve(config: Arc<Config>, run_migrations: bool) -> anyhow::Result<
             .context("starting the server threads");
     sweeper.abort();
     counter.abort();
+    if let Some(reloader) = reloader {
+        reloader.abort();
+    }
     if let Some(reconciler) = reconciler {
         reconciler.abort();
     }
