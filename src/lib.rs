@@ -16,7 +16,7 @@
 //! - [`problem`]: every error the proxy answers itself, as RFC 9457 problem+json.
 //! - [`server`]: accept loop and graceful drain; [`shutdown`]: the stop signal.
 //! - [`admin`]: health, readiness, metrics and the key admin API on the admin listener.
-//! - [`metrics`]: the Prometheus registry; [`sweep`]: retention.
+//! - [`metrics`]: the Prometheus registry; [`otlp`]: traces by OTLP; [`sweep`]: retention.
 //! - [`tls`]: rustls configurations for HTTPS upstreams and the TLS listener.
 //! - [`demo`]: the seed article's story, runnable (`idemproxy demo`, `idemproxy demo-provider`).
 
@@ -26,6 +26,7 @@ pub mod config;
 pub mod demo;
 pub mod fingerprint;
 pub mod metrics;
+pub mod otlp;
 pub mod path;
 pub mod problem;
 pub mod proxy;

@@ -24,6 +24,15 @@ pub struct FileConfig {
     pub reconcile: Option<FileReconcile>,
     pub limits: Option<FileLimits>,
     pub tls: Option<FileListenerTls>,
+    pub tracing: Option<FileTracing>,
+}
+
+/// `tracing:` — export spans by OTLP; off when absent.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileTracing {
+    pub otlp_endpoint: Option<String>,
+    pub service_name: Option<String>,
 }
 
 /// `limits:` — what a slow or hostile client may cost.

@@ -615,4 +615,41 @@ tls: nope
         ));
         assert!(e.contains("duplicate key path"), "{e}");
     }
+
+    #[test]
+    fn tracing_needs_an_otlp_http_endpoint() {
+        let c = load_str(UP, &Overrides::default()).unwrap();
+        assert!(c.tracing.is_none(), "off by default");
+        let c = load_str(
+            &format!("{UP}tracing:\n  otlp_endpoint: http://collector:4318\n"),
+            &Overrides::default(),
+        )
+        .unwrap();
+        let t = c.tracing.unwrap();
+        assert_eq!(t.traces_url, "http://collector:4318/v1/traces");
+        assert_eq!(t.service_name, "idemproxy");
+        let c = load_str(
+            &format!("{UP}tracing:\n  otlp_endpoint: https://otel.example/custom/path\n"),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.tracing.unwrap().traces_url,
+            "https://otel.example/custom/path"
+        );
+        for (bad, key) in [
+            ("tracing: {}", "tracing.otlp_endpoint"),
+            (
+                "tracing:\n  otlp_endpoint: grpc://collector:4317",
+                "tracing.otlp_endpoint",
+            ),
+            (
+                "tracing:\n  otlp_endpoint: http://c:4318\n  service_name: ''",
+                "tracing.service_name",
+            ),
+        ] {
+            let e = err(&format!("{UP}{bad}\n"));
+            assert!(e.contains(key), "{bad}: {e}");
+        }
+    }
 }

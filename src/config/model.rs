@@ -114,6 +114,16 @@ pub struct Config {
     pub limits: Limits,
     /// TLS on the listener, when configured.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Span export by OTLP (`tracing:`); `None`: off, and no span is recorded.
+    pub tracing: Option<Tracing>,
+}
+
+/// Where spans go: an OTLP/HTTP endpoint (JSON encoding), and the service name they carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tracing {
+    /// The traces URL: the configured endpoint, with `/v1/traces` when it had no path.
+    pub traces_url: http::Uri,
+    pub service_name: String,
 }
 
 /// The reconciler: every `interval`, up to `batch` unresolved keys of routes with a

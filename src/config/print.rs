@@ -124,6 +124,15 @@ impl fmt::Display for Config {
             )?,
             None => writeln!(f, "# reconcile: off")?,
         }
+        match &self.tracing {
+            Some(t) => writeln!(
+                f,
+                "tracing:\n  otlp_endpoint: {}\n  service_name: {}",
+                t.traces_url,
+                serde_json::Value::String(t.service_name.clone())
+            )?,
+            None => writeln!(f, "# tracing: off")?,
+        }
         if self.implicit_routes {
             writeln!(
                 f,

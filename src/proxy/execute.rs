@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, request};
@@ -28,6 +28,7 @@ use super::upstream::{Probe, Upstream, ask_probe, call_upstream};
 use crate::config::{Ambiguous, OnConflict, Policy, Route, Takeover};
 use crate::fingerprint::Fingerprint;
 use crate::metrics::Metrics;
+use crate::otlp::{Kind, Trace};
 use crate::problem::ProxyError;
 use crate::store::{
     Completion, KeyStore, Lease, Reservation, ReserveRequest, StoreError, StoredResponse, key_id,
@@ -53,6 +54,8 @@ pub(crate) struct Job {
     pub parts: request::Parts,
     pub body: Bytes,
     pub peer: SocketAddr,
+    /// The request's trace, when spans are exported.
+    pub trace: Option<Trace>,
 }
 
 /// How a protected request ended, for logs and metrics.
@@ -98,7 +101,23 @@ pub(crate) async fn run<S: KeyStore>(
     job: Job,
     tx: oneshot::Sender<Answer>,
 ) {
-    let lease = match reserve(&shared, &job).await {
+    let started = job.trace.as_ref().map(|_| SystemTime::now());
+    let reservation = reserve(&shared, &job).await;
+    if let (Some(trace), Some(started)) = (&job.trace, started) {
+        trace.stage(
+            "reserve",
+            Kind::Internal,
+            started,
+            vec![(
+                "idemproxy.reservation",
+                reservation
+                    .as_ref()
+                    .map_or("store_error", Reservation::as_str)
+                    .into(),
+            )],
+        );
+    }
+    let lease = match reservation {
         Ok(Reservation::Reserved(lease)) => lease,
         other => return answer_unreserved(tx, other, &job),
     };
@@ -114,7 +133,19 @@ fn answer_unreserved(
     job: &Job,
 ) {
     let (outcome, result) = match reservation {
-        Ok(Reservation::Done(stored)) => (Outcome::Replayed, Ok(replay(stored))),
+        Ok(Reservation::Done(stored)) => {
+            let started = job.trace.as_ref().map(|_| SystemTime::now());
+            let answer = replay(stored);
+            if let (Some(trace), Some(started)) = (&job.trace, started) {
+                trace.stage(
+                    "replay",
+                    Kind::Internal,
+                    started,
+                    vec![("http.response.status_code", answer.status().as_u16().into())],
+                );
+            }
+            (Outcome::Replayed, Ok(answer))
+        }
         Ok(Reservation::InProgress { .. }) => (
             Outcome::Conflict,
             Err(ProxyError::InProgress {
@@ -152,6 +183,7 @@ async fn execute<S: KeyStore>(
 ) {
     let route = Arc::clone(&job.route);
     let policy = &route.policy;
+    let trace = job.trace.clone();
     if lease.takeover {
         Metrics::count_route(&shared.metrics.takeovers, &route.name);
         tracing::warn!(
@@ -221,8 +253,20 @@ async fn execute<S: KeyStore>(
     let mut holder = Holder::new(store, fence, policy.lease);
     // Boxed: the upstream exchange takes the most state of any stage, and what follows
     // (waiting for a store connection to complete) may take a while.
+    let started = trace.as_ref().map(|_| SystemTime::now());
     let upstream = holder.during(Box::pin(work)).await;
+    if let (Some(trace), Some(started)) = (&trace, started) {
+        let mut attributes = vec![("idemproxy.upstream", upstream.label().into())];
+        if let Some(status) = upstream.status() {
+            attributes.push(("http.response.status_code", status.into()));
+        }
+        trace.stage("upstream", Kind::Client, started, attributes);
+    }
+    let started = trace.as_ref().map(|_| SystemTime::now());
     conclude(&mut holder, policy, upstream, tx).await;
+    if let (Some(trace), Some(started)) = (&trace, started) {
+        trace.stage("complete", Kind::Internal, started, Vec::new());
+    }
 }
 
 /// Ends the reservation as the upstream's answer and the route's policy say — stored,

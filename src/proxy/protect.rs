@@ -26,6 +26,7 @@ use super::rewrite::set_key;
 use super::service::Shared;
 use crate::config::Route;
 use crate::fingerprint::{self, fingerprint};
+use crate::otlp::Trace;
 use crate::problem::ProxyError;
 use crate::store::KeyStore;
 
@@ -50,6 +51,7 @@ pub(crate) async fn protect<S, B>(
     key: Option<String>,
     req: Request<B>,
     peer: SocketAddr,
+    trace: Option<Trace>,
 ) -> Protected
 where
     S: KeyStore,
@@ -59,7 +61,7 @@ where
     let started = Instant::now();
     let from_body = key.is_none();
     let job = match prepare(shared, Arc::clone(&route), key, req, peer).await {
-        Ok(Prepared::Job(job)) => job,
+        Ok(Prepared::Job(job)) => Job { trace, ..job },
         Ok(Prepared::Unkeyed(req)) => return Protected::Unkeyed(req),
         Err(err) => return Protected::Answered("rejected", Err(err), None),
     };
@@ -241,5 +243,6 @@ where
         parts,
         body,
         peer,
+        trace: None,
     }))
 }

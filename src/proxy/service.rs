@@ -19,6 +19,7 @@ use super::live::{LiveRoutes, Reloaded, fixed_changes};
 use super::protect::{self, Protected};
 use crate::config::{Config, EchoKey, Route};
 use crate::metrics::{KindLabel, Metrics};
+use crate::otlp::{Kind, Trace, Tracer};
 use crate::path::PathError;
 use crate::problem::ProxyError;
 use crate::route::Lookup;
@@ -38,6 +39,8 @@ pub(crate) struct Shared<S> {
     pub forwarder: Forwarder,
     /// What the proxy counts; rendered on the admin listener.
     pub metrics: Arc<Metrics>,
+    /// Where spans go, when `tracing:` is configured; `None`: nothing is recorded.
+    pub tracer: Option<Arc<Tracer>>,
     /// The route label of requests that match no route.
     pub unrouted: Arc<str>,
     /// Detached executions (upstream call + completion). They outlive the client's
@@ -74,10 +77,17 @@ impl<S: KeyStore> Proxy<S> {
             .collect();
         metrics.prime(&routes);
         let live = Arc::new(LiveRoutes::new(config.routes.clone()));
+        // The exporter runs on the runtime the proxy is built on.
+        let tracer = config
+            .tracing
+            .as_ref()
+            .filter(|_| tokio::runtime::Handle::try_current().is_ok())
+            .map(Tracer::start);
         Self {
             shared: Arc::new(Shared {
                 config,
                 routes: live,
+                tracer,
                 store,
                 forwarder,
                 metrics: Arc::new(metrics),
@@ -99,6 +109,7 @@ impl<S: KeyStore> Proxy<S> {
             shared: Arc::new(Shared {
                 config: Arc::clone(&shared.config),
                 routes: Arc::clone(&shared.routes),
+                tracer: shared.tracer.clone(),
                 store: shared.store.clone(),
                 forwarder: shared.forwarder.sibling(),
                 metrics: Arc::clone(&shared.metrics),
@@ -176,11 +187,22 @@ impl<S: KeyStore> Proxy<S> {
         let method = req.method().clone();
         let mut uri = req.uri().clone();
         let mut marks = None;
-        let (route, outcome, result) = self.handle_inner(req, peer, &mut uri, &mut marks).await;
+        let mut trace = None;
+        let (route, outcome, result) = self
+            .handle_inner(req, peer, &mut uri, &mut marks, &mut trace)
+            .await;
         let status = match &result {
             Ok(resp) => resp.status(),
             Err(err) => err.status(),
         };
+        if let Some(trace) = trace {
+            trace.finish(vec![
+                ("http.request.method", method.as_str().into()),
+                ("idemproxy.route", (*route).into()),
+                ("idemproxy.outcome", outcome.into()),
+                ("http.response.status_code", status.as_u16().into()),
+            ]);
+        }
         self.shared
             .metrics
             .observe_request(&route, outcome, status.as_u16(), started.elapsed());
@@ -215,6 +237,7 @@ impl<S: KeyStore> Proxy<S> {
         peer: SocketAddr,
         log_uri: &mut Uri,
         marks: &mut Option<Marks>,
+        trace: &mut Option<Trace>,
     ) -> (
         Arc<str>,
         &'static str,
@@ -224,6 +247,11 @@ impl<S: KeyStore> Proxy<S> {
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
+        let route_started = self
+            .shared
+            .tracer
+            .is_some()
+            .then(std::time::SystemTime::now);
         let (route, uri) = match self.route(&req) {
             Ok(Some(routed)) => routed,
             Ok(None) => {
@@ -274,6 +302,17 @@ impl<S: KeyStore> Proxy<S> {
                 .as_ref()
                 .and_then(|s| echo(s.sent.clone(), Some(&s.header))),
         });
+        // One trace per protected request, the caller's when it sent a traceparent.
+        if let (Some(tracer), Some(started)) = (&self.shared.tracer, route_started) {
+            let t = Trace::start(tracer, req.headers());
+            t.stage(
+                "route",
+                Kind::Internal,
+                started,
+                vec![("idemproxy.route", (*route.name).into())],
+            );
+            *trace = Some(t);
+        }
         // Boxed: the protected path's state is large, and every request's future (pass
         // through included) would otherwise be as large as it.
         let protected = Box::pin(protect::protect(
@@ -282,6 +321,7 @@ impl<S: KeyStore> Proxy<S> {
             key,
             req,
             peer,
+            trace.clone(),
         ))
         .await;
         match protected {

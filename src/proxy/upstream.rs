@@ -36,6 +36,28 @@ pub(crate) enum Upstream {
     Unknown(ProxyError),
 }
 
+impl Upstream {
+    /// How the call ended, as a label (for traces).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Upstream::Answered { .. } => "answered",
+            Upstream::TooLarge { .. } => "answered_too_large",
+            Upstream::NotSent(_) => "not_sent",
+            Upstream::Unknown(_) => "unknown",
+        }
+    }
+
+    /// The upstream's status, when it answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Upstream::Answered { head, .. } | Upstream::TooLarge { head, .. } => {
+                Some(head.status.as_u16())
+            }
+            Upstream::NotSent(_) | Upstream::Unknown(_) => None,
+        }
+    }
+}
+
 /// What the recovery probe said.
 pub(crate) enum Probe {
     /// The operation happened; this is its answer, to be stored.

@@ -72,6 +72,21 @@ pub enum Reservation {
     Unresolved { attempts: i32 },
 }
 
+impl Reservation {
+    /// What the store said, as a label (for traces).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Reservation::Reserved(lease) if lease.takeover => "taken_over",
+            Reservation::Reserved(_) => "reserved",
+            Reservation::InProgress { .. } => "in_progress",
+            Reservation::Mismatch => "mismatch",
+            Reservation::Done(_) => "done",
+            Reservation::NotReplayable { .. } => "not_replayable",
+            Reservation::Unresolved { .. } => "unresolved",
+        }
+    }
+}
+
 /// How a reserved key ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Completion {

@@ -1,9 +1,9 @@
-//! `sweep:` and `reconcile:` — the background tasks.
+//! `sweep:`, `reconcile:` and `tracing:` — the background tasks.
 
 use std::time::Duration;
 
 use super::Problems;
-use crate::config::file::{FileReconcile, FileSweep};
+use crate::config::file::{FileReconcile, FileSweep, FileTracing};
 use crate::config::model::*;
 use crate::config::policy::*;
 
@@ -56,4 +56,58 @@ pub(super) fn build_reconcile(
         );
     }
     Some(Reconcile { interval, batch })
+}
+
+/// Span export, when `tracing.otlp_endpoint` is set: an `http://` or `https://` URL of an
+/// OTLP/HTTP receiver (a collector's `:4318`); a bare endpoint gets OTLP's `/v1/traces`.
+pub(super) fn build_tracing(
+    problems: &mut Problems,
+    file: Option<&FileTracing>,
+) -> Option<Tracing> {
+    let file = file?;
+    let Some(endpoint) = file.otlp_endpoint.as_deref() else {
+        problems.push(
+            "tracing.otlp_endpoint",
+            "required in a tracing section: the OTLP/HTTP receiver, e.g. http://127.0.0.1:4318",
+        );
+        return None;
+    };
+    let uri: http::Uri = match endpoint.parse() {
+        Ok(uri) => uri,
+        Err(e) => {
+            problems.push(
+                "tracing.otlp_endpoint",
+                format!("`{endpoint}` is not a URL: {e}"),
+            );
+            return None;
+        }
+    };
+    let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https"));
+    if !scheme_ok || uri.authority().is_none() {
+        problems.push(
+            "tracing.otlp_endpoint",
+            format!("`{endpoint}`: use http://host:port or https://host:port (OTLP over HTTP)"),
+        );
+        return None;
+    }
+    let traces_url = if matches!(uri.path(), "" | "/") {
+        let base = endpoint.trim_end_matches('/');
+        match format!("{base}/v1/traces").parse() {
+            Ok(u) => u,
+            Err(_) => uri,
+        }
+    } else {
+        uri
+    };
+    let service_name = file
+        .service_name
+        .clone()
+        .unwrap_or_else(|| "idemproxy".to_owned());
+    if service_name.is_empty() {
+        problems.push("tracing.service_name", "must not be empty");
+    }
+    Some(Tracing {
+        traces_url,
+        service_name,
+    })
 }

@@ -18,7 +18,7 @@ use super::file::FileConfig;
 use super::model::*;
 use super::policy::*;
 use crate::route::{PathPattern, RouteTable};
-use background::{build_reconcile, build_sweep};
+use background::{build_reconcile, build_sweep, build_tracing};
 use policy::merge_policy;
 use routes::build_routes;
 use store::build_store;
@@ -164,6 +164,7 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
     };
     let warnings = routes::shadowed(&routes);
     let reconcile = build_reconcile(&mut problems, file.reconcile.as_ref(), &routes);
+    let tracing = build_tracing(&mut problems, file.tracing.as_ref());
 
     match (listen, admin_listen, upstream, store, client_id) {
         (Some(listen), Some(admin_listen), Some(upstream), Some(store), Some(client_id))
@@ -186,6 +187,7 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
                 reconcile,
                 limits,
                 tls,
+                tracing,
             })
         }
         _ => Err(problems.0),
