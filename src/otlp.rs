@@ -153,6 +153,27 @@ impl Trace {
     }
 }
 
+/// A stage being timed: started now when the request is traced, nothing otherwise.
+pub struct Timer(Option<(Trace, SystemTime)>);
+
+impl Timer {
+    pub fn start(trace: Option<&Trace>) -> Timer {
+        Timer(trace.map(|t| (t.clone(), SystemTime::now())))
+    }
+
+    /// Records the stage; its attributes are computed only when it is traced.
+    pub fn end(
+        self,
+        name: &'static str,
+        kind: Kind,
+        attributes: impl FnOnce() -> Vec<(&'static str, Value)>,
+    ) {
+        if let Some((trace, start)) = self.0 {
+            trace.stage(name, kind, start, attributes());
+        }
+    }
+}
+
 /// A valid W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`): its trace and parent ids.
 /// Exactly one header; all-zero ids and unknown versions' malformed forms are ignored.
 fn traceparent(headers: &HeaderMap) -> Option<([u8; 16], [u8; 8])> {

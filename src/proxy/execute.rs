@@ -7,28 +7,26 @@
 //! the stored answer instead of a `409` until the lease runs out. The answer is stored
 //! *before* it is sent, so a client that has its answer never sees `409` on a retry.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, request};
+use http::{HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::body::{Prefixed, ProxyBody, boxed, full};
 use super::headers::{client_head, decode_stored, encode_stored};
+pub(crate) use super::job::{Answer, Job, Outcome};
 use super::key::derived_key;
 use super::lease::{Finish, Holder, fence_for};
 use super::observe::Observed;
 use super::rewrite::set_key;
-use super::service::{Shared, error_chain};
+use super::state::{Shared, error_chain};
 use super::upstream::{Probe, Upstream, ask_probe, call_upstream};
-use crate::config::{Ambiguous, OnConflict, Policy, Route, Takeover};
-use crate::fingerprint::Fingerprint;
+use crate::config::{Ambiguous, OnConflict, Policy, Takeover};
 use crate::metrics::Metrics;
-use crate::otlp::{Kind, Trace};
+use crate::otlp::{Kind, Timer};
 use crate::problem::ProxyError;
 use crate::store::{
     Completion, KeyStore, Lease, Reservation, ReserveRequest, StoreError, StoredResponse, key_id,
@@ -39,61 +37,6 @@ const WAIT_FALLBACK_TICK: Duration = Duration::from_secs(1);
 /// What a duplicate is told to wait before retrying while the first request runs.
 const CONFLICT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// Everything the detached task needs, owned.
-pub(crate) struct Job {
-    pub route: Arc<Route>,
-    pub client_id: String,
-    pub key: String,
-    /// The key as found in the body (`key_from.body`), for the answer's echo; empty when
-    /// it came in a header.
-    pub client_key: String,
-    /// The derived key in the route's form when it is not plain, kept with a new
-    /// reservation.
-    pub derived_key: Option<String>,
-    pub fingerprint: Fingerprint,
-    pub parts: request::Parts,
-    pub body: Bytes,
-    pub peer: SocketAddr,
-    /// The request's trace, when spans are exported.
-    pub trace: Option<Trace>,
-}
-
-/// How a protected request ended, for logs and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    Executed,
-    Replayed,
-    Conflict,
-    Mismatch,
-    NotReplayable,
-    Unknown,
-    Released,
-    StoreError,
-    UpstreamError,
-    Failed,
-}
-
-impl Outcome {
-    /// Stable label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Executed => "executed",
-            Outcome::Replayed => "replayed",
-            Outcome::Conflict => "conflict",
-            Outcome::Mismatch => "mismatch",
-            Outcome::NotReplayable => "not_replayable",
-            Outcome::Unknown => "outcome_unknown",
-            Outcome::Released => "released",
-            Outcome::StoreError => "store_error",
-            Outcome::UpstreamError => "upstream_error",
-            Outcome::Failed => "failed",
-        }
-    }
-}
-
-/// What the waiting client handler receives.
-pub(crate) type Answer = (Outcome, Result<Response<ProxyBody>, ProxyError>);
-
 /// Runs one protected request to the end, whether or not anyone still waits on `tx`:
 /// reserve → execute → complete or release → answer.
 pub(crate) async fn run<S: KeyStore>(
@@ -101,22 +44,14 @@ pub(crate) async fn run<S: KeyStore>(
     job: Job,
     tx: oneshot::Sender<Answer>,
 ) {
-    let started = job.trace.as_ref().map(|_| SystemTime::now());
+    let timer = Timer::start(job.trace.as_ref());
     let reservation = reserve(&shared, &job).await;
-    if let (Some(trace), Some(started)) = (&job.trace, started) {
-        trace.stage(
-            "reserve",
-            Kind::Internal,
-            started,
-            vec![(
-                "idemproxy.reservation",
-                reservation
-                    .as_ref()
-                    .map_or("store_error", Reservation::as_str)
-                    .into(),
-            )],
-        );
-    }
+    timer.end("reserve", Kind::Internal, || {
+        let said = reservation
+            .as_ref()
+            .map_or("store_error", Reservation::as_str);
+        vec![("idemproxy.reservation", said.into())]
+    });
     let lease = match reservation {
         Ok(Reservation::Reserved(lease)) => lease,
         other => return answer_unreserved(tx, other, &job),
@@ -134,16 +69,12 @@ fn answer_unreserved(
 ) {
     let (outcome, result) = match reservation {
         Ok(Reservation::Done(stored)) => {
-            let started = job.trace.as_ref().map(|_| SystemTime::now());
+            let timer = Timer::start(job.trace.as_ref());
             let answer = replay(stored);
-            if let (Some(trace), Some(started)) = (&job.trace, started) {
-                trace.stage(
-                    "replay",
-                    Kind::Internal,
-                    started,
-                    vec![("http.response.status_code", answer.status().as_u16().into())],
-                );
-            }
+            let status = answer.status().as_u16();
+            timer.end("replay", Kind::Internal, || {
+                vec![("http.response.status_code", status.into())]
+            });
             (Outcome::Replayed, Ok(answer))
         }
         Ok(Reservation::InProgress { .. }) => (
@@ -253,20 +184,20 @@ async fn execute<S: KeyStore>(
     let mut holder = Holder::new(store, fence, policy.lease);
     // Boxed: the upstream exchange takes the most state of any stage, and what follows
     // (waiting for a store connection to complete) may take a while.
-    let started = trace.as_ref().map(|_| SystemTime::now());
+    let timer = Timer::start(trace.as_ref());
     let upstream = holder.during(Box::pin(work)).await;
-    if let (Some(trace), Some(started)) = (&trace, started) {
+    timer.end("upstream", Kind::Client, || {
         let mut attributes = vec![("idemproxy.upstream", upstream.label().into())];
-        if let Some(status) = upstream.status() {
-            attributes.push(("http.response.status_code", status.into()));
-        }
-        trace.stage("upstream", Kind::Client, started, attributes);
-    }
-    let started = trace.as_ref().map(|_| SystemTime::now());
+        attributes.extend(
+            upstream
+                .status()
+                .map(|s| ("http.response.status_code", s.into())),
+        );
+        attributes
+    });
+    let timer = Timer::start(trace.as_ref());
     conclude(&mut holder, policy, upstream, tx).await;
-    if let (Some(trace), Some(started)) = (&trace, started) {
-        trace.stage("complete", Kind::Internal, started, Vec::new());
-    }
+    timer.end("complete", Kind::Internal, Vec::new);
 }
 
 /// Ends the reservation as the upstream's answer and the route's policy say — stored,

@@ -23,7 +23,7 @@ use super::key::{
     body_key, client_id, derived_key, formatted_derived_key, hex, key_hash, scoped_key,
 };
 use super::rewrite::set_key;
-use super::service::Shared;
+use super::state::Shared;
 use crate::config::Route;
 use crate::fingerprint::{self, fingerprint};
 use crate::otlp::Trace;

@@ -21,7 +21,7 @@ use super::execute::conclude;
 use super::key::derived_key;
 use super::lease::{Finish, Holder, fence_for};
 use super::observe::Observed;
-use super::service::{Proxy, Shared};
+use super::state::{Proxy, Shared};
 use super::upstream::{Probe, ask_probe};
 use crate::config::{Reconcile, Route};
 use crate::metrics::{RouteName, RouteOutcome};

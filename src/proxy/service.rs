@@ -1,180 +1,30 @@
-//! [`Proxy`]: the shared state and the entry point for every request.
+//! [`Proxy::handle`]: the entry point for every request — route lookup, pass-through, and
+//! the hand-over to the protected path.
 //!
 //! `handle` never fails: every error becomes a problem response here, logged once.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use http::{Request, Response, Uri};
 use http_body::Body;
-use tokio_util::task::TaskTracker;
 
 use super::body::{BoxError, ProxyBody, boxed};
-use super::forward::{ForwardError, Forwarder};
+use super::forward::ForwardError;
 use super::headers::client_head;
 use super::key::{parse_keys, scoped_key};
-use super::live::{LiveRoutes, Reloaded, fixed_changes};
 use super::protect::{self, Protected};
-use crate::config::{Config, EchoKey, Route};
-use crate::metrics::{KindLabel, Metrics};
-use crate::otlp::{Kind, Trace, Tracer};
+use super::state::{Proxy, error_chain};
+use crate::config::{EchoKey, Route};
+use crate::metrics::KindLabel;
+use crate::otlp::{Kind, Trace};
 use crate::path::PathError;
 use crate::problem::ProxyError;
 use crate::route::Lookup;
 use crate::store::KeyStore;
 
-/// State shared by every connection and every detached execution.
-pub(crate) struct Shared<S> {
-    /// Validated configuration as it was at start: everything but the routes is fixed
-    /// for the life of the process.
-    pub config: Arc<Config>,
-    /// The routes and policies in force: replaced by a reload (see `live`), shared by
-    /// every server thread.
-    pub routes: Arc<LiveRoutes>,
-    /// The key table.
-    pub store: S,
-    /// Pooled upstream client.
-    pub forwarder: Forwarder,
-    /// What the proxy counts; rendered on the admin listener.
-    pub metrics: Arc<Metrics>,
-    /// Where spans go, when `tracing:` is configured; `None`: nothing is recorded.
-    pub tracer: Option<Arc<Tracer>>,
-    /// The route label of requests that match no route.
-    pub unrouted: Arc<str>,
-    /// Detached executions (upstream call + completion). They outlive the client's
-    /// connection on purpose; shutdown waits for them so no answer is left unstored.
-    pub tasks: TaskTracker,
-    /// Raised when shutdown starts, so that readiness turns false at once and load
-    /// balancers stop sending; shared by every server thread.
-    pub draining: Arc<AtomicBool>,
-}
-
-/// The idempotency proxy. Cheap to clone: clones share one state.
-pub struct Proxy<S> {
-    pub(super) shared: Arc<Shared<S>>,
-}
-
-impl<S> Clone for Proxy<S> {
-    fn clone(&self) -> Self {
-        Self {
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
-
 impl<S: KeyStore> Proxy<S> {
-    /// A proxy in front of `config.upstream`, keeping keys in `store`.
-    pub fn new(config: Arc<Config>, store: S) -> Self {
-        let forwarder = Forwarder::new(config.upstream.clone(), config.tls.is_some());
-        let metrics = Metrics::with_timeouts(config.upstream.timeout, config.store.timeout());
-        let routes: Vec<Arc<str>> = config
-            .routes
-            .routes()
-            .iter()
-            .map(|r| Arc::clone(&r.name))
-            .collect();
-        metrics.prime(&routes);
-        let live = Arc::new(LiveRoutes::new(config.routes.clone()));
-        // The exporter runs on the runtime the proxy is built on.
-        let tracer = config
-            .tracing
-            .as_ref()
-            .filter(|_| tokio::runtime::Handle::try_current().is_ok())
-            .map(Tracer::start);
-        Self {
-            shared: Arc::new(Shared {
-                config,
-                routes: live,
-                tracer,
-                store,
-                forwarder,
-                metrics: Arc::new(metrics),
-                unrouted: Arc::from("-"),
-                tasks: TaskTracker::new(),
-                draining: Arc::default(),
-            }),
-        }
-    }
-
-    /// The same proxy (configuration, store, metrics, detached executions) with an
-    /// upstream pool of its own: for a server thread with its own runtime.
-    pub fn sibling(&self) -> Self
-    where
-        S: Clone,
-    {
-        let shared = &self.shared;
-        Self {
-            shared: Arc::new(Shared {
-                config: Arc::clone(&shared.config),
-                routes: Arc::clone(&shared.routes),
-                tracer: shared.tracer.clone(),
-                store: shared.store.clone(),
-                forwarder: shared.forwarder.sibling(),
-                metrics: Arc::clone(&shared.metrics),
-                unrouted: Arc::clone(&shared.unrouted),
-                tasks: shared.tasks.clone(),
-                draining: Arc::clone(&shared.draining),
-            }),
-        }
-    }
-
-    /// The configuration it runs with.
-    pub fn config(&self) -> &Arc<Config> {
-        &self.shared.config
-    }
-
-    /// The route table new requests are routed by (the configuration's, or a reload's).
-    pub fn routes(&self) -> Arc<crate::route::RouteTable> {
-        self.shared.routes.current()
-    }
-
-    /// Puts a new configuration's routes and policies in force for new requests; requests
-    /// in flight finish under the policy they started with. The caller has validated
-    /// `new` whole (`config::load`): an invalid file never gets here. Sections that cannot
-    /// change while running are named in the result when they differ, and not applied.
-    pub fn reload(&self, new: &Config) -> Reloaded {
-        let needs_restart = fixed_changes(&self.shared.config, new);
-        self.shared.routes.replace(new.routes.clone());
-        let names: Vec<Arc<str>> = new
-            .routes
-            .routes()
-            .iter()
-            .map(|r| Arc::clone(&r.name))
-            .collect();
-        self.shared.metrics.prime(&names);
-        Reloaded {
-            routes: names.len(),
-            needs_restart,
-        }
-    }
-
-    /// The store, for readiness checks.
-    pub fn store(&self) -> &S {
-        &self.shared.store
-    }
-
-    /// Detached executions still running; `server::run` waits for them on shutdown.
-    pub fn tasks(&self) -> &TaskTracker {
-        &self.shared.tasks
-    }
-
-    /// Marks the proxy as shutting down: `/readyz` answers `503` from now on.
-    pub fn start_draining(&self) {
-        self.shared.draining.store(true, Ordering::Release);
-    }
-
-    /// Whether shutdown has started.
-    pub fn is_draining(&self) -> bool {
-        self.shared.draining.load(Ordering::Acquire)
-    }
-
-    /// What the proxy has counted; the admin listener renders it.
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.shared.metrics
-    }
-
     /// Answers one request. Never fails: errors become problem responses.
     pub async fn handle<B>(&self, req: Request<B>, peer: SocketAddr) -> Response<ProxyBody>
     where
@@ -413,18 +263,6 @@ fn respelled(uri: &Uri, path: &str) -> Option<Uri> {
         .and_then(|a| http::uri::Authority::try_from(a.as_str()).ok());
     parts.path_and_query = Some(http::uri::PathAndQuery::try_from(path_and_query).ok()?);
     Uri::from_parts(parts).ok()
-}
-
-/// The error and its sources, for the log.
-pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 /// What marks a protected answer: whether it is a replay, and the key the client sent.

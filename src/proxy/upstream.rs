@@ -15,7 +15,7 @@ use tokio::time::{Instant, timeout_at};
 use super::body::{BoxError, ProxyBody, empty};
 use super::forward::{ForwardError, UpstreamBody};
 use super::headers::detach_headers;
-use super::service::{Shared, error_chain};
+use super::state::{Shared, error_chain};
 use crate::config::{Policy, RecoveryProbe};
 use crate::metrics::{KindLabel, RouteLabel, RouteName};
 use crate::problem::ProxyError;

@@ -1,0 +1,69 @@
+//! A protected request as the detached execution owns it ([`Job`]), and how it ended
+//! ([`Outcome`]): the types the request path's stages hand each other.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Response, request};
+
+use super::body::ProxyBody;
+use crate::config::Route;
+use crate::fingerprint::Fingerprint;
+use crate::otlp::Trace;
+use crate::problem::ProxyError;
+
+/// Everything the detached task needs, owned.
+pub(crate) struct Job {
+    pub route: Arc<Route>,
+    pub client_id: String,
+    pub key: String,
+    /// The key as found in the body (`key_from.body`), for the answer's echo; empty when
+    /// it came in a header.
+    pub client_key: String,
+    /// The derived key in the route's form when it is not plain, kept with a new
+    /// reservation.
+    pub derived_key: Option<String>,
+    pub fingerprint: Fingerprint,
+    pub parts: request::Parts,
+    pub body: Bytes,
+    pub peer: SocketAddr,
+    /// The request's trace, when spans are exported.
+    pub trace: Option<Trace>,
+}
+
+/// How a protected request ended, for logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Executed,
+    Replayed,
+    Conflict,
+    Mismatch,
+    NotReplayable,
+    Unknown,
+    Released,
+    StoreError,
+    UpstreamError,
+    Failed,
+}
+
+impl Outcome {
+    /// Stable label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Executed => "executed",
+            Outcome::Replayed => "replayed",
+            Outcome::Conflict => "conflict",
+            Outcome::Mismatch => "mismatch",
+            Outcome::NotReplayable => "not_replayable",
+            Outcome::Unknown => "outcome_unknown",
+            Outcome::Released => "released",
+            Outcome::StoreError => "store_error",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::Failed => "failed",
+        }
+    }
+}
+
+/// What the waiting client handler receives.
+pub(crate) type Answer = (Outcome, Result<Response<ProxyBody>, ProxyError>);
