@@ -13,7 +13,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+mod exposition;
 mod labels;
+mod series;
 
 pub use labels::*;
 
@@ -272,82 +274,6 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// Creates every per-route series an alert or a dashboard names, at zero, for the
-    /// configured routes: a rule over a series that does not exist yet sees nothing.
-    pub fn prime(&self, routes: &[Arc<str>]) {
-        for route in routes {
-            let label = || RouteName(Arc::clone(route));
-            for family in [&self.takeovers, &self.fenced_off, &self.leases_lost] {
-                let _ = family.get_or_create(&RouteLabel { route: label() });
-            }
-            let _ = self
-                .unresolved_keys
-                .get_or_create(&RouteLabel { route: label() });
-            for outcome in known::RECONCILED {
-                let _ = self.reconciled.get_or_create(&RouteOutcome {
-                    route: label(),
-                    outcome,
-                });
-            }
-            for (outcome, status_class) in known::REQUEST_OUTCOMES {
-                let _ = self.requests.get_or_create(&RouteOutcomeClass {
-                    route: label(),
-                    outcome,
-                    status_class,
-                });
-            }
-        }
-        if let Ok(mut shown) = self.unresolved_routes.lock() {
-            for route in routes {
-                if !shown.contains(route) {
-                    shown.push(Arc::clone(route));
-                }
-            }
-        }
-    }
-
-    /// Brings the replay cache's series up to `status` (read from the store at a scrape).
-    pub fn observe_replay_cache(&self, status: crate::store::CacheStatus) {
-        use std::sync::atomic::Ordering;
-        self.replay_cache_bytes
-            .set(i64::try_from(status.bytes).unwrap_or(i64::MAX));
-        let seen = self
-            .replay_cache_hits_seen
-            .swap(status.hits, Ordering::Relaxed);
-        self.replay_cache_hits
-            .inc_by(status.hits.saturating_sub(seen));
-    }
-
-    /// Sets the unresolved-keys gauge from a count of the store: `routes` (the
-    /// configured ones) and every route shown before are reported, 0 where none is left.
-    pub fn observe_unresolved(&self, routes: &[Arc<str>], counts: &[(String, u64)]) {
-        let Ok(mut shown) = self.unresolved_routes.lock() else {
-            return;
-        };
-        for route in routes {
-            if !shown.contains(route) {
-                shown.push(Arc::clone(route));
-            }
-        }
-        for (route, _) in counts {
-            if !shown.iter().any(|r| **r == **route) && shown.len() < MAX_CACHED_SERIES {
-                shown.push(Arc::from(route.as_str()));
-            }
-        }
-        for route in shown.iter() {
-            let n = counts
-                .iter()
-                .find(|(r, _)| **r == **route)
-                .map_or(0, |(_, n)| *n);
-            let _ = self
-                .unresolved_keys
-                .get_or_create(&RouteLabel {
-                    route: RouteName(Arc::clone(route)),
-                })
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
-    }
-
     /// Counts one request, by the class of the status it was answered, and its latency.
     ///
     /// It runs on every request, so the pair of series for a (route, outcome, class) is
@@ -424,51 +350,5 @@ impl Metrics {
                 route: RouteName(Arc::clone(route)),
             })
             .inc();
-    }
-
-    /// The classic Prometheus text format (0.0.4), for readers that do not ask for
-    /// OpenMetrics: a counter's `HELP` and `TYPE` name its `_total` series, and there is
-    /// no `# EOF`.
-    pub fn render_classic(&self) -> String {
-        let open = self.render();
-        let mut out = String::with_capacity(open.len());
-        let mut help: Option<&str> = None;
-        for line in open.lines() {
-            if line.starts_with("# HELP ") {
-                help = Some(line);
-                continue;
-            }
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
-                let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
-                let name = if kind == "counter" && !name.ends_with("_total") {
-                    format!("{name}_total")
-                } else {
-                    name.to_owned()
-                };
-                if let Some(help) = help.take() {
-                    let text = help
-                        .strip_prefix("# HELP ")
-                        .and_then(|h| h.split_once(' '))
-                        .map_or("", |(_, text)| text);
-                    out.push_str(&format!("# HELP {name} {text}\n"));
-                }
-                out.push_str(&format!("# TYPE {name} {kind}\n"));
-                continue;
-            }
-            if line == "# EOF" || line.starts_with("# UNIT ") {
-                continue;
-            }
-            out.push_str(line);
-            out.push('\n');
-        }
-        out
-    }
-
-    /// The exposition text (OpenMetrics).
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
     }
 }
