@@ -12,26 +12,24 @@
 //! first bytes itself and replays them, which costs a layer on every read and, by the
 //! way its read buffer then grows, 16 KiB instead of 8 KiB per connection.)
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{Semaphore, oneshot, watch};
-use tokio::time::error::Elapsed;
 use tokio_util::sync::CancellationToken;
+
+mod conn;
 
 use crate::metrics::KindLabel;
 use crate::proxy::Proxy;
 use crate::store::KeyStore;
+use conn::{ConnError, Protocol, before_serving, serve, service, sniff};
 
 /// Serves `proxy` on `listener` until `shutdown` resolves, then stops accepting, lets
 /// in-flight requests and their completions finish (up to `grace`), and returns whether
@@ -311,123 +309,4 @@ fn report_drain<S: KeyStore>(drained: bool, proxy: &Proxy<S>, grace: Duration) {
             "grace period over; exiting with requests still in flight (their keys free up when the leases run out)"
         );
     }
-}
-
-/// Why a client connection ended badly, for the log and `connection_errors_total`.
-#[derive(Debug, thiserror::Error)]
-enum ConnError {
-    #[error("{0}")]
-    Http(Box<dyn std::error::Error + Send + Sync>),
-    #[error("TLS: {0}")]
-    Tls(String),
-    #[error("no request head within the header read timeout")]
-    NoHead,
-}
-
-impl ConnError {
-    fn kind(&self) -> &'static str {
-        let e = match self {
-            ConnError::Http(e) => e,
-            ConnError::Tls(_) => return "tls_handshake",
-            ConnError::NoHead => return "header_timeout",
-        };
-        match e.downcast_ref::<hyper::Error>() {
-            Some(h) if h.is_timeout() => "header_timeout",
-            Some(h) if h.is_parse_too_large() => "head_too_large",
-            Some(h) if h.is_parse() => "malformed",
-            Some(h) if h.is_incomplete_message() || h.is_closed() => "closed_early",
-            _ => "other",
-        }
-    }
-}
-
-/// The protocol a client connection speaks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Protocol {
-    Http1,
-    Http2,
-}
-
-/// The first bytes of every HTTP/2 connection (RFC 9113 §3.4).
-const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// Tells HTTP/2 with prior knowledge from HTTP/1 on a plain connection by peeking at its
-/// first bytes, which stay in the socket for hyper to read.
-async fn sniff(stream: &TcpStream) -> std::io::Result<Protocol> {
-    let mut first = [0u8; H2_PREFACE.len()];
-    loop {
-        let n = stream.peek(&mut first).await?;
-        if n == 0 || !H2_PREFACE.starts_with(&first[..n]) {
-            // HTTP/1, or closed before a byte (hyper then ends it quietly).
-            return Ok(Protocol::Http1);
-        }
-        if n == H2_PREFACE.len() {
-            return Ok(Protocol::Http2);
-        }
-        // Part of the preface so far. Peeking again returns at once while those bytes
-        // wait in the socket, so pause briefly; this happens only for a split preface.
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
-/// Waits for `step` (what happens before hyper serves: the sniff, the TLS handshake) for
-/// at most the header timeout. `None` when draining starts first.
-async fn before_serving<T>(
-    draining: &CancellationToken,
-    limit: Duration,
-    step: impl Future<Output = T>,
-) -> Option<Result<T, Elapsed>> {
-    tokio::select! {
-        biased;
-        () = draining.cancelled() => None,
-        done = tokio::time::timeout(limit, step) => Some(done),
-    }
-}
-
-/// Serves one connection in `protocol` until it ends or the server drains.
-async fn serve<I, F>(
-    h1: &http1::Builder,
-    h2: &http2::Builder<TokioExecutor>,
-    protocol: Protocol,
-    io: I,
-    svc: impl hyper::service::Service<
-        http::Request<Incoming>,
-        Response = http::Response<crate::proxy::body::ProxyBody>,
-        Error = Infallible,
-        Future = F,
-    > + Clone
-    + Send
-    + 'static,
-    watcher: Watcher,
-) -> Result<(), ConnError>
-where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    F: Future<Output = Result<http::Response<crate::proxy::body::ProxyBody>, Infallible>>
-        + Send
-        + 'static,
-{
-    let io = TokioIo::new(io);
-    let served = match protocol {
-        // Upgrades (WebSocket) are not proxied, so the connection needs no upgrade support.
-        Protocol::Http1 => watcher.watch(h1.serve_connection(io, svc)).await,
-        // Boxed: HTTP/2's connection state is larger, and HTTP/1 connections are the many.
-        Protocol::Http2 => Box::pin(watcher.watch(h2.serve_connection(io, svc))).await,
-    };
-    served.map_err(|e| ConnError::Http(Box::new(e)))
-}
-
-fn service<S: KeyStore>(
-    proxy: Proxy<S>,
-    peer: SocketAddr,
-) -> impl hyper::service::Service<
-    http::Request<Incoming>,
-    Response = http::Response<crate::proxy::body::ProxyBody>,
-    Error = Infallible,
-    Future = impl Future<Output = Result<http::Response<crate::proxy::body::ProxyBody>, Infallible>>
-             + Send,
-> + Clone {
-    service_fn(move |req: http::Request<Incoming>| {
-        let proxy = proxy.clone();
-        async move { Ok::<_, Infallible>(proxy.handle(req, peer).await) }
-    })
 }
