@@ -15,27 +15,15 @@ use support::*;
 
 const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpose":"order-1"}"#;
 
-const V1: &str = r#"
-upstream:
-  url: {upstream}
-  timeout: 10s
-{store}
-client_id:
-  header: X-Client-Id
-defaults:
-  lease: 30s
-routes:
-  - name: create-payment
-    methods: [POST]
-    path: /payments
-    require_key: true
-"#;
-
-/// V1 with the payment route's replay header renamed and a refund route added.
+/// `PAYMENTS` with the payment route's replay header renamed and a refund route added.
 fn v2() -> String {
-    V1.replace(
-        "    require_key: true\n",
-        "    require_key: true\n    replayed_header: X-Replayed\n  - name: refund\n    methods: [POST]\n    path: /refunds\n    require_key: true\n",
+    let renamed = PAYMENTS.replace(
+        "    require_key: true\n    fingerprint:",
+        "    require_key: true\n    replayed_header: X-Replayed\n    fingerprint:",
+    );
+    assert_ne!(renamed, PAYMENTS);
+    format!(
+        "{renamed}  - name: refund\n    methods: [POST]\n    path: /refunds\n    require_key: true\n"
     )
 }
 
@@ -76,7 +64,7 @@ async fn reload_under_load(db: Backend) {
         ..Default::default()
     })
     .await;
-    let proxy = ProxyProcess::spawn(V1, &upstream, &db).await;
+    let proxy = ProxyProcess::spawn(PAYMENTS, &upstream, &db).await;
     let client = client_for(proxy.addr);
 
     // Load: four clients sending new keys back to back for the whole test.
