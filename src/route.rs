@@ -295,6 +295,11 @@ impl RouteTable {
     pub fn routes(&self) -> &[Arc<Route>] {
         &self.routes
     }
+
+    /// The routes' names, in order (the label values of per-route series).
+    pub fn names(&self) -> Vec<Arc<str>> {
+        self.routes.iter().map(|r| Arc::clone(&r.name)).collect()
+    }
 }
 
 #[cfg(test)]

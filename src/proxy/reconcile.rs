@@ -112,13 +112,7 @@ impl<S: KeyStore> Proxy<S> {
         let shared = &self.shared;
         match shared.store.unresolved_counts().await {
             Ok(counts) => {
-                let routes: Vec<Arc<str>> = shared
-                    .routes
-                    .current()
-                    .routes()
-                    .iter()
-                    .map(|r| Arc::clone(&r.name))
-                    .collect();
+                let routes = shared.routes.current().names();
                 shared.metrics.observe_unresolved(&routes, &counts);
             }
             Err(e) => tracing::debug!(cause = %e, "could not count unresolved keys"),

@@ -59,13 +59,7 @@ impl<S: KeyStore> Proxy<S> {
     pub fn new(config: Arc<Config>, store: S) -> Self {
         let forwarder = Forwarder::new(config.upstream.clone(), config.tls.is_some());
         let metrics = Metrics::with_timeouts(config.upstream.timeout, config.store.timeout());
-        let routes: Vec<Arc<str>> = config
-            .routes
-            .routes()
-            .iter()
-            .map(|r| Arc::clone(&r.name))
-            .collect();
-        metrics.prime(&routes);
+        metrics.prime(&config.routes.names());
         let live = Arc::new(LiveRoutes::new(config.routes.clone()));
         // The exporter runs on the runtime the proxy is built on.
         let tracer = config
@@ -127,12 +121,7 @@ impl<S: KeyStore> Proxy<S> {
     pub fn reload(&self, new: &Config) -> Reloaded {
         let needs_restart = fixed_changes(&self.shared.config, new);
         self.shared.routes.replace(new.routes.clone());
-        let names: Vec<Arc<str>> = new
-            .routes
-            .routes()
-            .iter()
-            .map(|r| Arc::clone(&r.name))
-            .collect();
+        let names = new.routes.names();
         self.shared.metrics.prime(&names);
         Reloaded {
             routes: names.len(),
