@@ -16,8 +16,10 @@
 //! - [`problem`]: every error the proxy answers itself, as RFC 9457 problem+json.
 //! - [`server`]: accept loop and graceful drain; [`shutdown`]: the stop signal.
 //! - [`admin`]: health, readiness, metrics and the key admin API on the admin listener.
-//! - [`metrics`]: the Prometheus registry; [`otlp`]: traces by OTLP; [`sweep`]: retention.
+//! - [`metrics`]: the Prometheus registry; [`otlp`]: traces by OTLP; [`sweep`]: retention;
+//!   [`rekey`]: stored answers moved to the active encryption key.
 //! - [`tls`]: rustls configurations for HTTPS upstreams and the TLS listener.
+//! - [`vault`]: the key ring that seals stored answers at rest (`encryption:`).
 //! - [`demo`]: the seed article's story, runnable (`idemproxy demo`, `idemproxy demo-provider`).
 
 pub mod admin;
@@ -30,9 +32,11 @@ pub mod otlp;
 pub mod path;
 pub mod problem;
 pub mod proxy;
+pub mod rekey;
 pub mod route;
 pub mod server;
 pub mod shutdown;
 pub mod store;
 pub mod sweep;
 pub mod tls;
+pub mod vault;

@@ -68,6 +68,8 @@ pub enum ProxyError {
     UpstreamFailed(#[source] crate::proxy::body::BoxError),
     #[error("upstream timed out")]
     UpstreamTimeout,
+    #[error("the stored answer cannot be decrypted: {0}")]
+    StoredAnswerUnreadable(crate::vault::Unreadable),
     #[error("recovery probe inconclusive")]
     ProbeInconclusive { status: Option<u16> },
     #[error("internal error")]
@@ -111,7 +113,9 @@ impl ProxyError {
             }
             ProxyError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::ProbeInconclusive { .. } => StatusCode::BAD_GATEWAY,
-            ProxyError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ProxyError::Internal | ProxyError::StoredAnswerUnreadable(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -225,6 +229,11 @@ impl ProxyError {
                 "probe-inconclusive",
                 "Outcome of an earlier attempt unknown",
                 "An earlier attempt with this key may have been executed, and the upstream could not confirm either way, so the request was not executed again. Retry with the same key later.".to_owned(),
+            ),
+            ProxyError::StoredAnswerUnreadable(_) => (
+                "stored-answer-unreadable",
+                "Stored answer cannot be read",
+                "A request with this idempotency key was already executed, but the proxy cannot decrypt its stored answer, so it is neither replayed nor executed again. The operator has been told; retry later with the same key (not a new one: the operation has happened).".to_owned(),
             ),
             ProxyError::Internal => (
                 "internal",

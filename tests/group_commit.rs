@@ -43,11 +43,11 @@ fn fence(key: &str, lease: &Lease) -> Fence {
 }
 
 fn answer(body: &str) -> Completion {
-    Completion::Stored(StoredResponse {
-        status: 201,
-        headers: "content-type: text/plain\r\n".into(),
-        body: body.to_owned().into(),
-    })
+    Completion::Stored(StoredResponse::clear(
+        201,
+        "content-type: text/plain\r\n".into(),
+        body.to_owned().into(),
+    ))
 }
 
 fn lease_of(written: &Result<Written, StoreError>) -> Lease {

@@ -216,11 +216,11 @@ fn fence(key: &str, lease: &Lease) -> Fence {
 }
 
 fn answer(body: &str) -> Completion {
-    Completion::Stored(StoredResponse {
-        status: 201,
-        headers: "content-type: application/json\r\n".into(),
-        body: body.to_owned().into(),
-    })
+    Completion::Stored(StoredResponse::clear(
+        201,
+        "content-type: application/json\r\n".into(),
+        body.to_owned().into(),
+    ))
 }
 
 fn now_ms() -> i64 {

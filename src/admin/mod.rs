@@ -11,6 +11,8 @@
 //!   whether the reconciler settles it by itself.
 //! - `POST /admin/keys/{client_id}/{key}/resolve` — settle an unresolved key with an
 //!   answer or a release (see `resolve`).
+//! - `POST /admin/rekey` — seal every stored answer with the active encryption key (see
+//!   `crate::rekey`).
 //!
 //! `/admin/*` requires `Authorization: Bearer <admin_token>` when a token is configured
 //! (and one must be configured when the listener is not loopback).
@@ -30,8 +32,9 @@ use tokio::net::TcpListener;
 use crate::problem::Problem;
 use crate::proxy::Proxy;
 use crate::proxy::body::{ProxyBody, full};
-use crate::store::{KeyStore, StoreError};
+use crate::store::{KeyStore, Reseal, StoreError};
 
+mod rekey;
 mod resolve;
 mod view;
 
@@ -41,7 +44,7 @@ use view::KeyView;
 const MAX_STUCK: i64 = 1000;
 
 /// Serves the admin endpoints until `shutdown` resolves.
-pub async fn run<S: KeyStore>(
+pub async fn run<S: KeyStore + Reseal>(
     listener: TcpListener,
     proxy: Proxy<S>,
     token: Option<String>,
@@ -120,7 +123,7 @@ async fn ready<S: KeyStore>(proxy: &Proxy<S>) -> Response<ProxyBody> {
 }
 
 /// Answers one admin request.
-pub async fn handle<S: KeyStore>(
+pub async fn handle<S: KeyStore + Reseal>(
     proxy: &Proxy<S>,
     token: Option<&str>,
     req: Request<Incoming>,
@@ -175,6 +178,12 @@ pub async fn handle<S: KeyStore>(
                 );
                 return resp;
             }
+            if p == "/admin/rekey" {
+                if method != Method::POST {
+                    return not_allowed("POST");
+                }
+                return rekey::request(proxy).await;
+            }
             if let Some(rest) = p
                 .strip_prefix("/admin/keys/")
                 .and_then(|r| r.strip_suffix("/resolve"))
@@ -196,7 +205,7 @@ pub async fn handle<S: KeyStore>(
     }
 }
 
-async fn admin<S: KeyStore>(
+async fn admin<S: KeyStore + Reseal>(
     proxy: &Proxy<S>,
     method: &Method,
     path: &str,
@@ -225,7 +234,7 @@ async fn admin<S: KeyStore>(
             StatusCode::NOT_FOUND,
             "not-found",
             "Not found",
-            "Admin endpoints: /admin/keys/{client_id}/{key}, /admin/stuck.",
+            "Admin endpoints: /admin/keys/{client_id}/{key}, /admin/stuck, /admin/rekey.",
         );
     };
     let mut parts = rest.splitn(2, '/');

@@ -159,7 +159,14 @@ async fn resolve<S: KeyStore>(
     };
     let kept_seconds = answer.as_ref().map(|_| retention.as_secs());
     let written = match answer {
-        Some(a) => store.complete(&fence, &Completion::Stored(a)).await,
+        // Sealed like any other answer when encryption is on.
+        Some(a) => {
+            let a = match proxy.vault() {
+                Some(vault) => vault.seal(&fence.client_id, &fence.key, fence.token, &a),
+                None => a,
+            };
+            store.complete(&fence, &Completion::Stored(a)).await
+        }
         None => store.release(&fence).await,
     };
     match written {
@@ -198,11 +205,11 @@ fn answer(status: u16, r: &Resolution) -> Result<StoredResponse, String> {
             .map_err(|_| format!("the value of `{name}` is not a valid header value."))?;
         headers.append(name, value);
     }
-    Ok(StoredResponse {
+    Ok(StoredResponse::clear(
         status,
-        headers: encode_block(headers.iter()),
-        body: Bytes::copy_from_slice(r.body.as_bytes()),
-    })
+        encode_block(headers.iter()),
+        Bytes::copy_from_slice(r.body.as_bytes()),
+    ))
 }
 
 fn bad(detail: &str) -> Response<ProxyBody> {

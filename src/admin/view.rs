@@ -20,6 +20,9 @@ pub(super) struct KeyView<'a> {
     response_status: Option<u16>,
     response_body_bytes: Option<i64>,
     replayable: Option<bool>,
+    /// The ring key the stored answer is sealed with (`null`: in clear). The admin API
+    /// never shows an answer's headers or body, sealed or not.
+    encryption_key: Option<&'a str>,
     created_at: String,
     completed_at: Option<String>,
     expires_at: String,
@@ -59,6 +62,7 @@ impl<'a> From<&'a KeyRecord> for KeyView<'a> {
             response_status: r.response_status,
             response_body_bytes: r.response_body_bytes,
             replayable: r.replayable,
+            encryption_key: r.sealed_with.as_deref(),
             created_at: rfc3339(r.created_at_ms),
             completed_at: r.completed_at_ms.map(rfc3339),
             expires_at: rfc3339(r.expires_at_ms),

@@ -25,6 +25,33 @@ pub struct FileConfig {
     pub limits: Option<FileLimits>,
     pub tls: Option<FileListenerTls>,
     pub tracing: Option<FileTracing>,
+    pub encryption: Option<FileEncryption>,
+}
+
+/// `encryption:` — the key ring that seals stored answers; off when absent.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileEncryption {
+    /// Key id → where its bytes are. A sorted map: ids are unique, and the parser names a
+    /// duplicate.
+    pub keys: Option<std::collections::BTreeMap<String, FileSecretSpec>>,
+    pub active: Option<String>,
+}
+
+/// Where a secret is read from: `{ env: NAME }` or `{ file: PATH }`; a bare word is the
+/// secret written in the file, which is refused.
+pub type FileSecretSpec = WordOr<FileSecret>;
+
+/// The mapping form of a secret's source.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSecret {
+    pub env: Option<String>,
+    pub file: Option<String>,
+}
+
+impl Shape for FileSecret {
+    const EXPECTING: &'static str = "`{ env: NAME }` or `{ file: PATH }`";
 }
 
 /// `tracing:` — export spans by OTLP; off when absent.

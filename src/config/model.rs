@@ -116,6 +116,36 @@ pub struct Config {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Span export by OTLP (`tracing:`); `None`: off, and no span is recorded.
     pub tracing: Option<Tracing>,
+    /// The key ring sealing stored answers (`encryption:`); `None`: answers are stored in
+    /// clear.
+    pub encryption: Option<Encryption>,
+}
+
+/// The key ring as configured: every key by id (read from the environment or a file at
+/// start), and the one new answers are sealed with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encryption {
+    pub keys: Vec<RingKey>,
+    pub active: String,
+}
+
+/// One key of the ring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingKey {
+    pub id: String,
+    /// Where it was read from (`env NAME`, `file PATH`), for printing; never the bytes.
+    pub source: String,
+    pub material: crate::vault::KeyMaterial,
+}
+
+impl Encryption {
+    /// The ring the proxy seals and opens with.
+    pub fn vault(&self) -> crate::vault::Vault {
+        let keys = self.keys.iter().map(|k| (k.id.clone(), k.material.clone()));
+        // The configuration only holds an active key that is in the ring.
+        crate::vault::Vault::new(keys, &self.active)
+            .unwrap_or_else(|| unreachable!("encryption.active is one of encryption.keys"))
+    }
 }
 
 /// Where spans go: an OTLP/HTTP endpoint (JSON encoding), and the service name they carry.

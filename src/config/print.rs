@@ -133,6 +133,17 @@ impl fmt::Display for Config {
             )?,
             None => writeln!(f, "# tracing: off")?,
         }
+        match &self.encryption {
+            Some(e) => {
+                writeln!(f, "encryption:\n  keys:")?;
+                for key in &e.keys {
+                    let id = serde_json::Value::String(key.id.clone());
+                    writeln!(f, "    {id}: {}", key.source)?;
+                }
+                writeln!(f, "  active: {}", serde_json::Value::String(e.active.clone()))?;
+            }
+            None => writeln!(f, "# encryption: off (stored answers are kept in clear)")?,
+        }
         if self.implicit_routes {
             writeln!(
                 f,

@@ -87,7 +87,7 @@ pub mod known {
     /// Outcomes of a protected request whose status class is fixed, as `requests_total`
     /// is primed with them (`executed` and `replayed` carry the upstream's status; they are
     /// primed at `2xx`).
-    pub const REQUEST_OUTCOMES: [(&str, &str); 10] = [
+    pub const REQUEST_OUTCOMES: [(&str, &str); 11] = [
         ("executed", "2xx"),
         ("replayed", "2xx"),
         ("conflict", "4xx"),
@@ -98,6 +98,7 @@ pub mod known {
         ("store_error", "5xx"),
         ("upstream_error", "5xx"),
         ("failed", "5xx"),
+        ("unreadable", "5xx"),
     ];
 }
 

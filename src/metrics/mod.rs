@@ -34,6 +34,9 @@ pub struct Metrics {
     pub fenced_off: Family<RouteLabel, Counter>,
     /// Leases found taken over while their worker was still running.
     pub leases_lost: Family<RouteLabel, Counter>,
+    /// Stored answers that could not be opened (key not in the ring, or tampered): each a
+    /// retry answered with a problem instead of its answer.
+    pub unreadable: Family<RouteLabel, Counter>,
     /// Lease renewals that failed because the store could not be reached.
     pub renewal_errors: Counter,
     /// Completions given up after retrying for the whole retry window.
@@ -114,6 +117,7 @@ impl Metrics {
             request_series: RwLock::new(Vec::new()),
             takeovers: Family::default(),
             fenced_off: Family::default(),
+            unreadable: Family::default(),
             leases_lost: Family::default(),
             renewal_errors: Counter::default(),
             completions_abandoned: Counter::default(),
@@ -161,6 +165,11 @@ impl Metrics {
             "fenced_off_completions",
             "Stale completions refused by the fence",
             m.fenced_off.clone(),
+        );
+        registry.register(
+            "stored_answers_unreadable",
+            "Stored answers that could not be decrypted (key missing or data tampered)",
+            m.unreadable.clone(),
         );
         registry.register(
             "leases_lost",

@@ -11,7 +11,12 @@ impl Metrics {
     pub fn prime(&self, routes: &[Arc<str>]) {
         for route in routes {
             let label = || RouteName(Arc::clone(route));
-            for family in [&self.takeovers, &self.fenced_off, &self.leases_lost] {
+            for family in [
+                &self.takeovers,
+                &self.fenced_off,
+                &self.leases_lost,
+                &self.unreadable,
+            ] {
                 let _ = family.get_or_create(&RouteLabel { route: label() });
             }
             let _ = self

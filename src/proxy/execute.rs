@@ -20,7 +20,6 @@ use super::headers::{client_head, decode_stored, encode_stored};
 pub(crate) use super::job::{Answer, Job, Outcome};
 use super::key::derived_key;
 use super::lease::{Finish, Holder, fence_for};
-use super::observe::Observed;
 use super::rewrite::set_key;
 use super::state::{Shared, error_chain};
 use super::upstream::{Probe, Upstream, ask_probe, call_upstream};
@@ -84,6 +83,11 @@ fn answer_unreserved(
             }),
         ),
         Ok(Reservation::Mismatch) => (Outcome::Mismatch, Err(ProxyError::KeyReused)),
+        // Logged and counted where it was found (`Observed::reserve`).
+        Ok(Reservation::Unreadable(why)) => (
+            Outcome::Unreadable,
+            Err(ProxyError::StoredAnswerUnreadable(why)),
+        ),
         Ok(Reservation::NotReplayable { status }) => (
             Outcome::NotReplayable,
             Err(ProxyError::NotReplayable { status }),
@@ -176,11 +180,7 @@ async fn execute<S: KeyStore>(
         }
         call_upstream(shared, &route.name, request, policy.max_stored_response).await
     };
-    let store = Observed {
-        store: &shared.store,
-        metrics: &shared.metrics,
-        route: &route.name,
-    };
+    let store = shared.observed(&route.name);
     let mut holder = Holder::new(store, fence, policy.lease);
     // Boxed: the upstream exchange takes the most state of any stage, and what follows
     // (waiting for a store connection to complete) may take a while.
@@ -242,11 +242,11 @@ pub(super) async fn conclude<S: KeyStore>(
                     .await
                     .map(|c| c.to_bytes())
                     .unwrap_or_default();
-                let completion = Completion::Stored(StoredResponse {
-                    status: head.status.as_u16(),
-                    headers: encode_stored(&head.headers, &[]),
-                    body: body.clone(),
-                });
+                let completion = Completion::Stored(StoredResponse::clear(
+                    head.status.as_u16(),
+                    encode_stored(&head.headers, &[]),
+                    body.clone(),
+                ));
                 let resp = Ok(Response::from_parts(head, full(body)));
                 let finish = Finish::Complete(&completion);
                 end(holder, finish, tx, Outcome::UpstreamError, resp).await;
@@ -257,11 +257,11 @@ pub(super) async fn conclude<S: KeyStore>(
             // The body is sent whole: hyper sets Content-Length from it.
             head.headers.remove(http::header::CONTENT_LENGTH);
             let status = head.status.as_u16();
-            let stored = StoredResponse {
+            let stored = StoredResponse::clear(
                 status,
-                headers: encode_stored(&head.headers, &policy.store_headers),
-                body: body.clone(),
-            };
+                encode_stored(&head.headers, &policy.store_headers),
+                body.clone(),
+            );
             let resp = Ok(Response::from_parts(head, full(body)));
             let ambiguous = policy.ambiguous_statuses.contains(&status);
             if ambiguous && policy.on_ambiguous == Ambiguous::Keep {
@@ -323,11 +323,7 @@ async fn end<S: KeyStore>(
 /// (woken by the store's notifications, with a slow fallback tick) up to the route's bound.
 async fn reserve<S: KeyStore>(shared: &Shared<S>, job: &Job) -> Result<Reservation, StoreError> {
     let policy = &job.route.policy;
-    let store = Observed {
-        store: &shared.store,
-        metrics: &shared.metrics,
-        route: &job.route.name,
-    };
+    let store = shared.observed(&job.route.name);
     let request = ReserveRequest {
         client_id: &job.client_id,
         key: &job.key,

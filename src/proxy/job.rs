@@ -45,6 +45,8 @@ pub(crate) enum Outcome {
     StoreError,
     UpstreamError,
     Failed,
+    /// The stored answer could not be opened; nothing was executed.
+    Unreadable,
 }
 
 impl Outcome {
@@ -61,6 +63,7 @@ impl Outcome {
             Outcome::StoreError => "store_error",
             Outcome::UpstreamError => "upstream_error",
             Outcome::Failed => "failed",
+            Outcome::Unreadable => "unreadable",
         }
     }
 }

@@ -1,17 +1,21 @@
-//! The store as the request path uses it: every call timed and its failures counted, so
-//! that `execute` reads as the state machine it is rather than as bookkeeping.
+//! The store as the request path uses it: every call timed and its failures counted, and
+//! answers sealed on the way in and opened on the way out when `encryption:` is on, so that
+//! `execute` reads as the state machine it is rather than as bookkeeping.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::metrics::Metrics;
 use crate::store::{Completion, Fence, Fenced, KeyStore, Reservation, ReserveRequest, StoreError};
+use crate::vault::Vault;
 
 /// A store call site bound to the metrics and the route it counts for.
 pub(crate) struct Observed<'a, S> {
     pub store: &'a S,
     pub metrics: &'a Metrics,
     pub route: &'a Arc<str>,
+    /// The key ring; `None`: answers are stored in clear (and a sealed one cannot open).
+    pub vault: Option<&'a Vault>,
 }
 
 impl<S: KeyStore> Observed<'_, S> {
@@ -24,7 +28,30 @@ impl<S: KeyStore> Observed<'_, S> {
         let started = Instant::now();
         let result = self.store.reserve(req).await;
         self.record("reserve", started, &result);
-        result
+        match result {
+            Ok(Reservation::Done(stored)) => Ok(self.open(req, stored)),
+            other => other,
+        }
+    }
+
+    /// A completed key's answer as the client gets it: opened, or — when it cannot be —
+    /// said so, counted, and logged loudly: a retry then gets a problem, never the
+    /// ciphertext, and the operation is not executed again.
+    fn open(&self, req: &ReserveRequest<'_>, stored: crate::store::StoredResponse) -> Reservation {
+        match Vault::open(self.vault, req.client_id, req.key, stored) {
+            Ok(answer) => Reservation::Done(answer),
+            Err(why) => {
+                Metrics::count_route(&self.metrics.unreadable, self.route);
+                tracing::error!(
+                    route = %self.route,
+                    key = %super::key_hash(req.client_id, req.key),
+                    encryption_key = why.key_id(),
+                    reason = why.reason(),
+                    "a stored answer cannot be decrypted: {why}; the retry gets 500 and nothing is executed again (put the key back in encryption.keys, or resolve the key by hand)"
+                );
+                Reservation::Unreadable(why)
+            }
+        }
     }
 
     pub async fn renew(&self, fence: &Fence, lease: Duration) -> Result<Fenced, StoreError> {
@@ -47,6 +74,19 @@ impl<S: KeyStore> Observed<'_, S> {
         completion: &Completion,
     ) -> Result<Fenced, StoreError> {
         let started = Instant::now();
+        let sealed;
+        let completion = match (self.vault, completion) {
+            (Some(vault), Completion::Stored(answer)) if answer.sealed.is_none() => {
+                sealed = Completion::Stored(vault.seal(
+                    &fence.client_id,
+                    &fence.key,
+                    fence.token,
+                    answer,
+                ));
+                &sealed
+            }
+            _ => completion,
+        };
         let result = self.store.complete(fence, completion).await;
         self.record("complete", started, &result);
         if let Ok(Fenced::Refused) = result {

@@ -20,7 +20,6 @@ use tokio::sync::{Semaphore, oneshot};
 use super::execute::conclude;
 use super::key::derived_key;
 use super::lease::{Finish, Holder, fence_for};
-use super::observe::Observed;
 use super::state::{Proxy, Shared};
 use super::upstream::{Probe, ask_probe};
 use crate::config::{Reconcile, Route};
@@ -158,11 +157,7 @@ async fn settle<S: KeyStore>(
     let record = claim.record;
     let key_hash = super::key_hash(&record.client_id, &record.key);
     let fence = fence_for(policy, record.client_id, record.key, record.lease_token);
-    let store = Observed {
-        store: &shared.store,
-        metrics: &shared.metrics,
-        route: &route.name,
-    };
+    let store = shared.observed(&route.name);
     let mut holder = Holder::new(store, fence.clone(), policy.lease);
     let _turn = holder.during(turns.acquire()).await;
     let Some(probe) = &policy.recovery_probe else {

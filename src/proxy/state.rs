@@ -10,10 +10,12 @@ use tokio_util::task::TaskTracker;
 
 use super::forward::Forwarder;
 use super::live::{LiveRoutes, Reloaded, fixed_changes};
+use super::observe::Observed;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::otlp::Tracer;
 use crate::store::KeyStore;
+use crate::vault::Vault;
 
 /// State shared by every connection and every detached execution.
 pub(crate) struct Shared<S> {
@@ -31,6 +33,8 @@ pub(crate) struct Shared<S> {
     pub metrics: Arc<Metrics>,
     /// Where spans go, when `tracing:` is configured; `None`: nothing is recorded.
     pub tracer: Option<Arc<Tracer>>,
+    /// The key ring sealing stored answers, when `encryption:` is configured.
+    pub vault: Option<Arc<Vault>>,
     /// The route label of requests that match no route.
     pub unrouted: Arc<str>,
     /// Detached executions (upstream call + completion). They outlive the client's
@@ -39,6 +43,19 @@ pub(crate) struct Shared<S> {
     /// Raised when shutdown starts, so that readiness turns false at once and load
     /// balancers stop sending; shared by every server thread.
     pub draining: Arc<AtomicBool>,
+}
+
+impl<S> Shared<S> {
+    /// The store as the request path uses it for `route`: timed, counted, and sealing and
+    /// opening answers with the key ring.
+    pub fn observed<'a>(&'a self, route: &'a Arc<str>) -> Observed<'a, S> {
+        Observed {
+            store: &self.store,
+            metrics: &self.metrics,
+            route,
+            vault: self.vault.as_deref(),
+        }
+    }
 }
 
 /// The idempotency proxy. Cheap to clone: clones share one state.
@@ -67,11 +84,13 @@ impl<S: KeyStore> Proxy<S> {
             .as_ref()
             .filter(|_| tokio::runtime::Handle::try_current().is_ok())
             .map(Tracer::start);
+        let vault = config.encryption.as_ref().map(|e| Arc::new(e.vault()));
         Self {
             shared: Arc::new(Shared {
                 config,
                 routes: live,
                 tracer,
+                vault,
                 store,
                 forwarder,
                 metrics: Arc::new(metrics),
@@ -94,6 +113,7 @@ impl<S: KeyStore> Proxy<S> {
                 config: Arc::clone(&shared.config),
                 routes: Arc::clone(&shared.routes),
                 tracer: shared.tracer.clone(),
+                vault: shared.vault.clone(),
                 store: shared.store.clone(),
                 forwarder: shared.forwarder.sibling(),
                 metrics: Arc::clone(&shared.metrics),
@@ -132,6 +152,11 @@ impl<S: KeyStore> Proxy<S> {
     /// The store, for readiness checks.
     pub fn store(&self) -> &S {
         &self.shared.store
+    }
+
+    /// The key ring stored answers are sealed with, when `encryption:` is configured.
+    pub fn vault(&self) -> Option<&Vault> {
+        self.shared.vault.as_deref()
     }
 
     /// Detached executions still running; `server::run` waits for them on shutdown.

@@ -25,7 +25,7 @@ use super::group_commit::{GroupCommit, Write, WriteBatch, Written};
 use super::replay_cache::{ReplayCache, reserve_through};
 use super::types::*;
 
-const SCHEMA_VERSION: i32 = 3;
+const SCHEMA_VERSION: i32 = 4;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idempotency_keys (
@@ -63,6 +63,9 @@ CREATE INDEX idempotency_keys_unresolved ON idempotency_keys (locked_until_ms)
 
 /// Version 3: the derived key a reservation sent, when it is not the plain one.
 const SCHEMA_3: &str = "ALTER TABLE idempotency_keys ADD COLUMN derived_key TEXT;";
+
+/// Version 4: the ring key a stored answer is sealed with (NULL: in clear).
+const SCHEMA_4: &str = "ALTER TABLE idempotency_keys ADD COLUMN sealed_with TEXT;";
 
 /// SQLite-backed [`KeyStore`] for a single instance.
 #[derive(Clone)]
@@ -174,10 +177,12 @@ impl EmbeddedStore {
                 "BEGIN IMMEDIATE; {SCHEMA_2} PRAGMA user_version = 2; COMMIT;"
             ))?;
         }
-        if version < 3 {
-            conn.execute_batch(&format!(
-                "BEGIN IMMEDIATE; {SCHEMA_3} PRAGMA user_version = 3; COMMIT;"
-            ))?;
+        for (step, sql) in [(3, SCHEMA_3), (4, SCHEMA_4)] {
+            if version < step {
+                conn.execute_batch(&format!(
+                    "BEGIN IMMEDIATE; {sql} PRAGMA user_version = {step}; COMMIT;"
+                ))?;
+            }
         }
         Ok(Self {
             inner: Arc::new(Inner {

@@ -48,20 +48,23 @@ fn apply(conn: &Connection, write: &Write, now: i64) -> Result<Written, StoreErr
         }
         Write::Complete(fence, completion) => {
             use rusqlite::types::Value;
-            let (status, headers, body, replayable) = match completion {
+            let (status, headers, body, replayable, sealed_with) = match completion {
                 Completion::Stored(r) => (
                     r.status,
                     Value::Blob(r.headers.to_vec()),
                     Value::Blob(r.body.to_vec()),
                     true,
+                    r.sealed.as_ref().map(|s| s.key_id.as_str()),
                 ),
-                Completion::NotReplayable { status } => (*status, Value::Null, Value::Null, false),
+                Completion::NotReplayable { status } => {
+                    (*status, Value::Null, Value::Null, false, None)
+                }
             };
             let n = conn
                 .prepare_cached(
                     "UPDATE idempotency_keys SET status = 'done', locked_until_ms = NULL, completed_ms = ?8, \
                      expires_ms = ?9, response_status = ?4, response_headers = ?5, response_body = ?6, \
-                     replayable = ?7 \
+                     replayable = ?7, sealed_with = ?10 \
                      WHERE client_id = ?1 AND key = ?2 AND lease_token = ?3 AND status = 'in_progress'",
                 )?
                 .execute(params![
@@ -73,7 +76,8 @@ fn apply(conn: &Connection, write: &Write, now: i64) -> Result<Written, StoreErr
                     body,
                     replayable,
                     now,
-                    now.saturating_add(millis(fence.retention))
+                    now.saturating_add(millis(fence.retention)),
+                    sealed_with
                 ])?;
             Written::Fenced(fenced(n))
         }
@@ -115,6 +119,8 @@ struct Existing {
     replayable: Option<bool>,
     expires_ms: i64,
     attempts: i32,
+    lease_token: i64,
+    sealed_with: Option<String>,
 }
 
 /// Inserts the key in progress, takes over an expired lease, or says what the row says;
@@ -128,7 +134,7 @@ fn reserve(
     let existing = conn
         .prepare_cached(
             "SELECT fingerprint, status, locked_until_ms, response_status, response_headers, response_body, replayable, \
-             expires_ms, attempts FROM idempotency_keys WHERE client_id = ?1 AND key = ?2",
+             expires_ms, attempts, lease_token, sealed_with FROM idempotency_keys WHERE client_id = ?1 AND key = ?2",
         )?
         .query_row(params![r.client_id, r.key], |row| {
             Ok(Existing {
@@ -141,6 +147,8 @@ fn reserve(
                 replayable: row.get(6)?,
                 expires_ms: row.get(7)?,
                 attempts: row.get(8)?,
+                lease_token: row.get(9)?,
+                sealed_with: row.get(10)?,
             })
         })
         .optional()?;
@@ -186,6 +194,10 @@ fn reserve(
                     status,
                     headers: Bytes::from(row.response_headers.unwrap_or_default()),
                     body: Bytes::from(row.response_body.unwrap_or_default()),
+                    sealed: row.sealed_with.map(|key_id| Seal {
+                        key_id,
+                        token: row.lease_token,
+                    }),
                 })
             }
         }
@@ -229,9 +241,11 @@ pub(super) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// The columns [`record`] reads, in its order.
+/// The columns [`record`] reads, in its order. The body's length is the answer's: a sealed
+/// body is longer by `vault::OVERHEAD` (33, checked by a test).
 pub(super) const RECORD_COLUMNS: &str = "client_id, key, route, status, fingerprint, lease_token, locked_until_ms, attempts, \
-     response_status, length(response_body), replayable, created_ms, completed_ms, expires_ms, probes, probe_after_ms, derived_key";
+     response_status, length(response_body) - CASE WHEN sealed_with IS NULL THEN 0 ELSE 33 END, replayable, \
+     created_ms, completed_ms, expires_ms, probes, probe_after_ms, derived_key, sealed_with";
 
 /// A row as operators see it.
 pub(super) fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRecord> {
@@ -260,6 +274,7 @@ pub(super) fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRecord> {
         probes: r.get(14)?,
         probe_after_ms: r.get(15)?,
         derived_key: r.get(16)?,
+        sealed_with: r.get(17)?,
     })
 }
 
@@ -268,4 +283,13 @@ pub(super) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_body_length_leaves_out_what_sealing_adds() {
+        let overhead = format!("ELSE {} END", crate::vault::OVERHEAD);
+        assert!(super::RECORD_COLUMNS.contains(&overhead));
+    }
 }

@@ -65,6 +65,11 @@ pub const MIGRATIONS: &[Migration] = &[
         "derived_key",
         include_str!("../../migrations/0006_derived_key.sql"),
     ),
+    plain(
+        7,
+        "sealed_answers",
+        include_str!("../../migrations/0007_sealed_answers.sql"),
+    ),
 ];
 
 /// The schema version this binary needs: the last migration's.

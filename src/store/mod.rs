@@ -20,6 +20,7 @@ mod pg_tls;
 mod pg_unresolved;
 mod postgres;
 mod replay_cache;
+mod reseal;
 mod types;
 mod waiters;
 
@@ -30,5 +31,6 @@ pub use group_commit::{Reserve, Write, WriteBatch, Written};
 pub use migrate::{MIGRATIONS, migrate};
 pub use postgres::{PgStore, Pool};
 pub use replay_cache::ReplayCache;
+pub use reseal::{Reseal, StoredRow};
 pub use types::*;
 pub use waiters::Waiters;

@@ -13,8 +13,9 @@ use super::types::*;
 
 const BATCH: &str = "SELECT o_index, o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
      o_response_status, o_response_headers, o_response_body, o_replayable, o_expires_in_ms, \
-     o_derived_key \
-     FROM idempotency_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
+     o_derived_key, o_sealed_with \
+     FROM idempotency_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+     p_reads_sealed => true)";
 
 impl WriteBatch for PgStore {
     async fn write_batch(&self, writes: Vec<Write>) -> Vec<Result<Written, StoreError>> {
@@ -123,6 +124,7 @@ impl PgStore {
             }
             Write::Complete(fence, completion) => {
                 let (status, headers, body, replayable) = completion_columns(completion);
+                let sealed_with = sealed_with(completion);
                 let retention = millis(fence.retention);
                 self.fenced(
                     COMPLETE,
@@ -134,6 +136,7 @@ impl PgStore {
                         (&body, Type::BYTEA),
                         (&replayable, Type::BOOL),
                         (&retention, Type::INT8),
+                        (&sealed_with, Type::TEXT),
                     ],
                 )
                 .await
@@ -169,6 +172,7 @@ impl PgStore {
         let mut notify: Vec<Option<String>> = Vec::with_capacity(n);
         let mut takeover: Vec<Option<bool>> = Vec::with_capacity(n);
         let mut derived: Vec<Option<&str>> = Vec::with_capacity(n);
+        let mut sealed: Vec<Option<&str>> = Vec::with_capacity(n);
         for &i in &order {
             let (c, k) = writes[i].row();
             client_id.push(c);
@@ -203,6 +207,7 @@ impl PgStore {
             headers.push(columns.and_then(|c| c.1));
             body.push(columns.and_then(|c| c.2));
             replayable.push(columns.map(|c| c.3));
+            sealed.push(completion.and_then(sealed_with));
         }
         let rows = self
             .with_client(|client| async move {
@@ -225,6 +230,7 @@ impl PgStore {
                             (&notify, Type::TEXT_ARRAY),
                             (&takeover, Type::BOOL_ARRAY),
                             (&derived, Type::TEXT_ARRAY),
+                            (&sealed, Type::TEXT_ARRAY),
                         ],
                     )
                     .await?)
@@ -266,6 +272,14 @@ fn completion_columns(c: &Completion) -> (i16, Option<&[u8]>, Option<&[u8]>, boo
             true,
         ),
         Completion::NotReplayable { status } => (*status as i16, None, None, false),
+    }
+}
+
+/// The ring key a completion's answer is sealed with, if it is.
+fn sealed_with(c: &Completion) -> Option<&str> {
+    match c {
+        Completion::Stored(r) => r.sealed.as_ref().map(|s| s.key_id.as_str()),
+        Completion::NotReplayable { .. } => None,
     }
 }
 

@@ -5,8 +5,8 @@ use super::types::*;
 
 pub(super) const RESERVE: &str = "SELECT o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
      o_response_status, o_response_headers, o_response_body, o_replayable, o_expires_in_ms, \
-     o_derived_key \
-     FROM idempotency_reserve($1, $2, $3, $4, $5, $6, $7, $8)";
+     o_derived_key, o_sealed_with \
+     FROM idempotency_reserve($1, $2, $3, $4, $5, $6, $7, $8, p_reads_sealed => true)";
 
 pub(super) const RENEW: &str = "UPDATE idempotency_keys \
      SET locked_until = now() + $4::int8 * interval '1 millisecond' \
@@ -18,7 +18,8 @@ pub(super) const COMPLETE: &str = "WITH done AS ( \
        UPDATE idempotency_keys \
        SET status = 'done', locked_until = NULL, completed_at = now(), \
            expires_at = now() + $10::int8 * interval '1 millisecond', \
-           response_status = $6, response_headers = $7, response_body = $8, replayable = $9 \
+           response_status = $6, response_headers = $7, response_body = $8, replayable = $9, \
+           sealed_with = $11 \
        WHERE client_id = $1 AND key = $2 AND lease_token = $3 AND status = 'in_progress' \
        RETURNING 1) \
      SELECT (SELECT count(*) FROM done), \
@@ -31,11 +32,16 @@ pub(super) const RELEASE: &str = "WITH gone AS ( \
      SELECT (SELECT count(*) FROM gone), \
             (SELECT pg_notify('idemproxy_done', $4) FROM gone WHERE $5 LIMIT 1)::text";
 
+/// How many columns [`RECORD_COLUMNS`] has: what a statement returns after them starts here.
+pub(super) const RECORD_LEN: usize = 18;
+
+/// The body's length is the answer's: a sealed body is longer by `vault::OVERHEAD` (33,
+/// checked by a test).
 pub(super) const RECORD_COLUMNS: &str = "client_id, key, route, status, fingerprint, lease_token, \
      (extract(epoch FROM locked_until - now()) * 1000)::int8, attempts, response_status, \
-     length(response_body)::int8, replayable, (extract(epoch FROM created_at) * 1000)::int8, \
+     (length(response_body) - CASE WHEN sealed_with IS NULL THEN 0 ELSE 33 END)::int8, replayable, (extract(epoch FROM created_at) * 1000)::int8, \
      (extract(epoch FROM completed_at) * 1000)::int8, (extract(epoch FROM expires_at) * 1000)::int8, \
-     probes, (extract(epoch FROM probe_after) * 1000)::int8, derived_key";
+     probes, (extract(epoch FROM probe_after) * 1000)::int8, derived_key, sealed_with";
 
 /// An eviction tells every replica's replay cache (`$3`: the key's id) in the same round
 /// trip.
@@ -63,7 +69,7 @@ pub(super) fn sweep_unresolved_sql() -> String {
     )
 }
 
-/// A reservation's answer, in `idempotency_reserve()`'s ten columns from column `at`, and
+/// A reservation's answer, in `idempotency_reserve()`'s eleven columns from column `at`, and
 /// for a completed key how much longer its row is kept.
 pub(super) fn reservation(
     row: &tokio_postgres::Row,
@@ -99,10 +105,19 @@ pub(super) fn reservation(
             } else {
                 let headers: Option<Vec<u8>> = row.try_get(at + 5)?;
                 let body: Option<Vec<u8>> = row.try_get(at + 6)?;
+                let sealed_with: Option<String> = row.try_get(at + 10)?;
+                let sealed = match sealed_with {
+                    Some(key_id) => Some(Seal {
+                        key_id,
+                        token: row.try_get(at + 1)?,
+                    }),
+                    None => None,
+                };
                 Reservation::Done(StoredResponse {
                     status,
                     headers: headers.unwrap_or_default().into(),
                     body: body.unwrap_or_default().into(),
+                    sealed,
                 })
             }
         }
@@ -140,5 +155,15 @@ pub(super) fn record(r: &tokio_postgres::Row) -> Result<KeyRecord, StoreError> {
         probes: r.try_get(14)?,
         probe_after_ms: r.try_get(15)?,
         derived_key: r.try_get(16)?,
+        sealed_with: r.try_get(17)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_body_length_leaves_out_what_sealing_adds() {
+        let overhead = format!("ELSE {} END", crate::vault::OVERHEAD);
+        assert!(super::RECORD_COLUMNS.contains(&overhead));
+    }
 }

@@ -72,7 +72,7 @@ impl PgStore {
                 .map(|row| {
                     Ok(Claim {
                         record: record(row)?,
-                        unresolved_since_ms: row.try_get(17)?,
+                        unresolved_since_ms: row.try_get(RECORD_LEN)?,
                     })
                 })
                 .collect()

@@ -21,8 +21,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
 use super::types::*;
 use crate::fingerprint::Fingerprint;
 
@@ -64,11 +62,9 @@ struct Entry {
 
 #[derive(Clone)]
 enum Answer {
-    Done {
-        status: u16,
-        headers: Bytes,
-        body: Bytes,
-    },
+    /// As the store keeps it: sealed answers stay sealed in memory too, and are opened by
+    /// the proxy on each replay like any other.
+    Done(StoredResponse),
     NotReplayable {
         status: u16,
     },
@@ -119,15 +115,7 @@ impl ReplayCache {
         }
         self.hits.fetch_add(1, Ordering::Relaxed);
         Some(match entry.answer.clone() {
-            Answer::Done {
-                status,
-                headers,
-                body,
-            } => Reservation::Done(StoredResponse {
-                status,
-                headers,
-                body,
-            }),
+            Answer::Done(stored) => Reservation::Done(stored),
             Answer::NotReplayable { status } => Reservation::NotReplayable { status },
         })
     }
@@ -142,11 +130,7 @@ impl ReplayCache {
         until: Instant,
     ) {
         let answer = match reservation {
-            Reservation::Done(r) => Answer::Done {
-                status: r.status,
-                headers: r.headers.clone(),
-                body: r.body.clone(),
-            },
+            Reservation::Done(r) => Answer::Done(r.clone()),
             Reservation::NotReplayable { status } => Answer::NotReplayable { status: *status },
             _ => return,
         };
@@ -154,7 +138,7 @@ impl ReplayCache {
             + req.client_id.len()
             + req.key.len()
             + match &answer {
-                Answer::Done { headers, body, .. } => headers.len() + body.len(),
+                Answer::Done(r) => r.headers.len() + r.body.len(),
                 Answer::NotReplayable { .. } => 0,
             };
         // One large answer must not push out everything else.
@@ -267,6 +251,8 @@ impl Entries {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
 
     fn req<'a>(client_id: &'a str, key: &'a str, fp: &'a Fingerprint) -> ReserveRequest<'a> {
@@ -283,11 +269,11 @@ mod tests {
     }
 
     fn done(body: &str) -> Reservation {
-        Reservation::Done(StoredResponse {
-            status: 201,
-            headers: Bytes::new(),
-            body: Bytes::copy_from_slice(body.as_bytes()),
-        })
+        Reservation::Done(StoredResponse::clear(
+            201,
+            Bytes::new(),
+            Bytes::copy_from_slice(body.as_bytes()),
+        ))
     }
 
     /// `cache.get` as the store calls it.

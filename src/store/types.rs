@@ -49,9 +49,34 @@ pub struct Lease {
 pub struct StoredResponse {
     pub status: u16,
     /// Allow-listed headers in HTTP/1 block form (`name: value\r\n`...), lossless for any
-    /// legal header value.
+    /// legal header value; sealed when [`StoredResponse::sealed`] says so.
     pub headers: Bytes,
+    /// The body; sealed when [`StoredResponse::sealed`] says so.
     pub body: Bytes,
+    /// `None`: headers and body are in clear. Otherwise both are sealed (see
+    /// [`crate::vault`]) and only the proxy's key ring can read them.
+    pub sealed: Option<Seal>,
+}
+
+impl StoredResponse {
+    /// An answer in clear.
+    pub fn clear(status: u16, headers: Bytes, body: Bytes) -> Self {
+        Self {
+            status,
+            headers,
+            body,
+            sealed: None,
+        }
+    }
+}
+
+/// How a stored answer was sealed: under which key of the ring, bound to which lease
+/// token. The store keeps the key id in the row (`sealed_with`); the token is the row's own,
+/// so a sealed answer copied onto another row, or an older one put back, does not open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seal {
+    pub key_id: String,
+    pub token: i64,
 }
 
 /// What the row says when we could not reserve it.
@@ -67,6 +92,10 @@ pub enum Reservation {
     Done(StoredResponse),
     /// Done, but the answer was too large to store.
     NotReplayable { status: u16 },
+    /// Done, but the stored answer cannot be opened: its key is not in the ring, or it
+    /// fails authentication (tampered, or moved from another row). Never replayed, and the
+    /// operation is not executed again. Said by the proxy's key ring, not by a store.
+    Unreadable(crate::vault::Unreadable),
     /// In progress with its lease run out — nobody knows whether the operation happened —
     /// and the caller may not take it over.
     Unresolved { attempts: i32 },
@@ -82,6 +111,7 @@ impl Reservation {
             Reservation::Mismatch => "mismatch",
             Reservation::Done(_) => "done",
             Reservation::NotReplayable { .. } => "not_replayable",
+            Reservation::Unreadable(_) => "unreadable",
             Reservation::Unresolved { .. } => "unresolved",
         }
     }
@@ -170,6 +200,8 @@ pub struct KeyRecord {
     pub probe_after_ms: Option<i64>,
     /// The derived key kept with the row; `None`: plain `client_id:key`.
     pub derived_key: Option<String>,
+    /// The key of the ring the stored answer is sealed with; `None`: in clear (or none).
+    pub sealed_with: Option<String>,
 }
 
 /// An unresolved key the reconciler took over to ask the recovery probe about.

@@ -46,6 +46,9 @@ pub enum Command {
     CheckConfig(ProxyArgs),
     /// Run one retention pass (delete expired keys) and exit.
     Sweep(StoreArgs),
+    /// Seal every stored answer with the active encryption key (older keys, clear rows)
+    /// and exit; safe while the proxy serves.
+    Rekey(RekeyArgs),
     /// Play the seed article's scenarios against the demo provider and print them.
     Demo,
     /// GET a URL and exit 0 on a 2xx answer: a health check for images without a shell.
@@ -77,6 +80,16 @@ pub struct StoreArgs {
     pub database: DatabaseUrl,
     #[command(flatten)]
     pub logging: Logging,
+}
+
+/// `rekey`: the store and the key ring, and how many rows per page.
+#[derive(Args)]
+pub struct RekeyArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Rows read and resealed per page.
+    #[arg(long, default_value_t = idemproxy::rekey::DEFAULT_BATCH, value_parser = clap::value_parser!(i64).range(1..=100_000))]
+    pub batch: i64,
 }
 
 /// What the proxy runs: the file and the overrides over it. `check-config` takes the same,
@@ -153,6 +166,7 @@ impl Command {
         match self {
             Command::Serve(a) => a.logging.log_format,
             Command::Migrate(a) | Command::Sweep(a) => a.logging.log_format,
+            Command::Rekey(a) => a.store.logging.log_format,
             Command::DemoProvider(a) => a.logging.log_format,
             Command::CheckConfig(_) | Command::Demo | Command::Probe { .. } => LogFormat::Text,
         }

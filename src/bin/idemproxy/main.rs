@@ -80,6 +80,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             write_stdout(&format!("deleted {deleted} expired keys\n"))?;
             Ok(())
         }
+        Command::Rekey(args) => rekey(&args).await,
         Command::Demo => idemproxy::demo::script::run().await,
         Command::Probe { url } => probe(&url).await,
         Command::DemoProvider(args) => {
@@ -104,4 +105,34 @@ async fn run(command: Command) -> anyhow::Result<()> {
             serve::serve(std::sync::Arc::new(config), args.migrate, source).await
         }
     }
+}
+
+/// `idemproxy rekey`: one pass over the table with the configured ring; exits non-zero when
+/// some answers could not be opened (their key is no longer in the ring), since removing
+/// a key is only safe once nothing needs it.
+async fn rekey(args: &cli::RekeyArgs) -> anyhow::Result<()> {
+    let overrides = cli::overrides(None, &args.store.database);
+    let config = config::load(args.store.file.config.as_deref(), &overrides)?;
+    let Some(encryption) = &config.encryption else {
+        anyhow::bail!(
+            "encryption: is not configured, so there is no key to seal with: add `encryption.keys` and `encryption.active` to the configuration"
+        );
+    };
+    // Never creates a store; an embedded store a running proxy serves is locked by it.
+    let store = AnyStore::open_for_process(&config.store, false).context(
+        "opening the store (an embedded store that a running proxy serves is locked by it: ask that proxy instead, POST /admin/rekey on its admin listener)",
+    )?;
+    idemproxy::store::KeyStore::ping(&store)
+        .await
+        .context("checking the store")?;
+    let report = idemproxy::rekey::rekey(&store, &encryption.vault(), args.batch)
+        .await
+        .context("rekeying")?;
+    write_stdout(&format!("{}\n", report.summary()))?;
+    if !report.unreadable.is_empty() {
+        anyhow::bail!(
+            "some stored answers are sealed with keys not in encryption.keys; keep those keys (or let the answers expire) before removing any"
+        );
+    }
+    Ok(())
 }

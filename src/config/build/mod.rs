@@ -4,6 +4,7 @@
 //! here.
 
 mod background;
+mod encryption;
 mod keys;
 mod policy;
 mod routes;
@@ -19,6 +20,7 @@ use super::model::*;
 use super::policy::*;
 use crate::route::{PathPattern, RouteTable};
 use background::{build_reconcile, build_sweep, build_tracing};
+use encryption::build_encryption;
 use policy::merge_policy;
 use routes::build_routes;
 use store::build_store;
@@ -165,6 +167,13 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
     let warnings = routes::shadowed(&routes);
     let reconcile = build_reconcile(&mut problems, file.reconcile.as_ref(), &routes);
     let tracing = build_tracing(&mut problems, file.tracing.as_ref());
+    let encryption = build_encryption(&mut problems, file.encryption.as_ref());
+    let mut warnings = warnings;
+    if encryption.is_none() && matches!(store, Some(StoreConfig::Postgres(_))) {
+        warnings.push(
+            "encryption is off: stored answers (bodies and headers) are kept in clear in PostgreSQL, where backups, replicas and psql sessions see them; configure `encryption.keys` (see docs/security.md)".to_owned(),
+        );
+    }
 
     match (listen, admin_listen, upstream, store, client_id) {
         (Some(listen), Some(admin_listen), Some(upstream), Some(store), Some(client_id))
@@ -188,6 +197,7 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
                 limits,
                 tls,
                 tracing,
+                encryption,
             })
         }
         _ => Err(problems.0),

@@ -1,0 +1,29 @@
+//! `POST /admin/rekey`: the rekey pass run inside the serving proxy — the way to rekey an
+//! embedded store, whose file the serving process holds locked (PostgreSQL can also be
+//! rekeyed from outside, `idemproxy rekey`). Same pass, same compare-and-set.
+
+use http::{Response, StatusCode};
+
+use super::{json, problem, store_failed};
+use crate::proxy::Proxy;
+use crate::proxy::body::ProxyBody;
+use crate::rekey::{DEFAULT_BATCH, rekey};
+use crate::store::{KeyStore, Reseal};
+
+pub(super) async fn request<S: KeyStore + Reseal>(proxy: &Proxy<S>) -> Response<ProxyBody> {
+    let Some(vault) = proxy.vault() else {
+        return problem(
+            StatusCode::CONFLICT,
+            "encryption-off",
+            "Encryption is not configured",
+            "There is no key to seal stored answers with: configure `encryption.keys` and `encryption.active`, then restart.",
+        );
+    };
+    match rekey(proxy.store(), vault, DEFAULT_BATCH).await {
+        Ok(report) => {
+            tracing::warn!(summary = %report.summary(), "rekey by an operator");
+            json(StatusCode::OK, &report)
+        }
+        Err(e) => store_failed(&e),
+    }
+}
