@@ -80,7 +80,10 @@ pub async fn rekey<S: Reseal>(store: &S, vault: &Vault, batch: i64) -> Result<Re
                         reason = why.reason(),
                         "rekey: a stored answer cannot be opened; left as it is"
                     );
-                    *report.unreadable.entry(why.key_id().to_owned()).or_default() += 1;
+                    *report
+                        .unreadable
+                        .entry(why.key_id().to_owned())
+                        .or_default() += 1;
                     continue;
                 }
             };
@@ -92,7 +95,12 @@ pub async fn rekey<S: Reseal>(store: &S, vault: &Vault, batch: i64) -> Result<Re
         }
         match page.last() {
             Some(last) if full => after = Some((last.client_id.clone(), last.key.clone())),
-            _ => return Ok(report),
+            _ => {
+                if report.resealed > 0 {
+                    store.forget_replaced().await?;
+                }
+                return Ok(report);
+            }
         }
     }
 }

@@ -69,9 +69,9 @@ impl Unreadable {
     /// The ring key the row names.
     pub fn key_id(&self) -> &str {
         match self {
-            Unreadable::MissingKey(id) | Unreadable::Tampered(id) | Unreadable::NotConfigured(id) => {
-                id
-            }
+            Unreadable::MissingKey(id)
+            | Unreadable::Tampered(id)
+            | Unreadable::NotConfigured(id) => id,
         }
     }
 
@@ -125,7 +125,10 @@ impl fmt::Debug for Vault {
 impl Vault {
     /// A ring of `keys`, sealing with `active`; `None` when `active` is not one of them
     /// (the configuration refuses that before).
-    pub fn new(keys: impl IntoIterator<Item = (String, KeyMaterial)>, active: &str) -> Option<Self> {
+    pub fn new(
+        keys: impl IntoIterator<Item = (String, KeyMaterial)>,
+        active: &str,
+    ) -> Option<Self> {
         let keys: HashMap<String, KeyMaterial> = keys.into_iter().collect();
         let material = keys.get(active)?.clone();
         Some(Self {
@@ -148,7 +151,13 @@ impl Vault {
 
     /// `answer` (in clear) sealed with the active key for the row `client_id`/`key` whose
     /// lease token is `token`.
-    pub fn seal(&self, client_id: &str, key: &str, token: i64, answer: &StoredResponse) -> StoredResponse {
+    pub fn seal(
+        &self,
+        client_id: &str,
+        key: &str,
+        token: i64,
+        answer: &StoredResponse,
+    ) -> StoredResponse {
         let row = RowId {
             client_id,
             key,
@@ -192,7 +201,8 @@ impl Vault {
             status: answer.status,
         };
         let tampered = || Unreadable::Tampered(seal.key_id.clone());
-        let headers = open_part(material, row, Part::Headers, &answer.headers).ok_or_else(tampered)?;
+        let headers =
+            open_part(material, row, Part::Headers, &answer.headers).ok_or_else(tampered)?;
         let body = open_part(material, row, Part::Body, &answer.body).ok_or_else(tampered)?;
         Ok(StoredResponse::clear(answer.status, headers, body))
     }
@@ -300,7 +310,10 @@ mod tests {
     fn seals_and_opens_with_the_rows_identity() {
         let vault = ring();
         let sealed = vault.seal("c", "k", 7, &answer());
-        assert_eq!(sealed.sealed.as_ref().map(|s| s.key_id.as_str()), Some("new"));
+        assert_eq!(
+            sealed.sealed.as_ref().map(|s| s.key_id.as_str()),
+            Some("new")
+        );
         assert!(!sealed.body.windows(4).any(|w| w == b"4242"));
         assert_eq!(sealed.body.len(), answer().body.len() + OVERHEAD);
         let opened = Vault::open(Some(&vault), "c", "k", sealed).expect("opens");
@@ -328,9 +341,13 @@ mod tests {
             Vault::open(Some(&vault), client, key, s)
         };
         assert!(try_open("c", "k", 7, 201).is_ok());
-        for (client, key, token, status) in
-            [("c", "k2", 7, 201), ("c2", "k", 7, 201), ("c", "k", 8, 201), ("c", "k", 7, 200), ("ck", "", 7, 201)]
-        {
+        for (client, key, token, status) in [
+            ("c", "k2", 7, 201),
+            ("c2", "k", 7, 201),
+            ("c", "k", 8, 201),
+            ("c", "k", 7, 200),
+            ("ck", "", 7, 201),
+        ] {
             assert_eq!(
                 try_open(client, key, token, status),
                 Err(Unreadable::Tampered("new".into())),

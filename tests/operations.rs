@@ -390,11 +390,7 @@ async fn sweep_command(db: Backend) {
             notify: false,
             retention,
         };
-        let done = Completion::Stored(StoredResponse::clear(
-            201,
-            Default::default(),
-            "x".into(),
-        ));
+        let done = Completion::Stored(StoredResponse::clear(201, Default::default(), "x".into()));
         assert_eq!(
             store.complete(&fence, &done).await.unwrap(),
             Fenced::Applied

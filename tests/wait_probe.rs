@@ -109,11 +109,7 @@ async fn completion_notifies_other_replicas() {
         notify: true,
         retention: Duration::from_secs(3600),
     };
-    let done = Completion::Stored(StoredResponse::clear(
-        200,
-        Default::default(),
-        "x".into(),
-    ));
+    let done = Completion::Stored(StoredResponse::clear(200, Default::default(), "x".into()));
     assert_eq!(b.complete(&fence, &done).await.unwrap(), Fenced::Applied);
     let woken = tokio::time::timeout(Duration::from_secs(10), notified).await;
     assert!(

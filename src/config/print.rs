@@ -140,7 +140,11 @@ impl fmt::Display for Config {
                     let id = serde_json::Value::String(key.id.clone());
                     writeln!(f, "    {id}: {}", key.source)?;
                 }
-                writeln!(f, "  active: {}", serde_json::Value::String(e.active.clone()))?;
+                writeln!(
+                    f,
+                    "  active: {}",
+                    serde_json::Value::String(e.active.clone())
+                )?;
             }
             None => writeln!(f, "# encryption: off (stored answers are kept in clear)")?,
         }

@@ -159,6 +159,9 @@ impl EmbeddedStore {
         conn.busy_timeout(timeout)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
+        // A deleted or rewritten answer is overwritten in the file, not left in free space:
+        // a swept answer is gone, and one resealed by `rekey` leaves no clear copy behind.
+        conn.pragma_update(None, "secure_delete", "ON")?;
         let version: i32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
         if version > SCHEMA_VERSION {
             return Err(StoreError::Corrupt(format!(

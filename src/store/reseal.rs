@@ -46,6 +46,12 @@ pub trait Reseal: Send + Sync {
         row: &StoredRow,
         answer: &StoredResponse,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// After a pass: drops what the store still keeps of the replaced answers where it
+    /// can. The embedded store empties its write-ahead log, whose older frames still hold
+    /// them; PostgreSQL keeps replaced rows until `VACUUM` reuses their space (and in
+    /// backups and WAL archives made before), which is the operator's.
+    fn forget_replaced(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
 const PG_PAGE: &str = "SELECT client_id, key, lease_token, response_status, response_headers, \
@@ -96,6 +102,10 @@ fn key_id(answer: &StoredResponse) -> Option<&str> {
 }
 
 impl Reseal for PgStore {
+    async fn forget_replaced(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     async fn not_sealed_with(
         &self,
         active: &str,
@@ -158,6 +168,15 @@ impl Reseal for PgStore {
 }
 
 impl Reseal for EmbeddedStore {
+    async fn forget_replaced(&self) -> Result<(), StoreError> {
+        self.call(|conn| {
+            // Busy (a reader holds the log) is not an error: the next checkpoint does it.
+            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn not_sealed_with(
         &self,
         active: &str,
@@ -236,6 +255,13 @@ impl Reseal for AnyStore {
         match self {
             AnyStore::Postgres(s) => s.reseal(row, answer).await,
             AnyStore::Embedded(s) => s.reseal(row, answer).await,
+        }
+    }
+
+    async fn forget_replaced(&self) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Postgres(s) => s.forget_replaced().await,
+            AnyStore::Embedded(s) => s.forget_replaced().await,
         }
     }
 }
