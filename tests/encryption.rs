@@ -556,6 +556,9 @@ async fn the_rekey_command_reseals_from_outside() {
         std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
             .args(["rekey", "--batch", "1", "--config"])
             .arg(config)
+            // CI exports DATABASE_URL, which would take the place of the file's URL.
+            .env_remove("DATABASE_URL")
+            .env_remove("IDEMPROXY_CONFIG")
             .env("TEST_KEY_ONE", k1_text.trim())
             .env("TEST_KEY_TWO", k2_text.trim())
             .output()

@@ -165,6 +165,7 @@ fn check_file(file: &str) -> usize {
             let overrides = idemproxy::config::Overrides {
                 database_url: env.get("DATABASE_URL").cloned(),
                 admin_token: env.get("IDEMPROXY_ADMIN_TOKEN").cloned(),
+                env: Some(env.clone()),
                 ..Default::default()
             };
             let config = idemproxy::config::load_str(text, &overrides)

@@ -182,6 +182,8 @@ pub fn overrides(proxy: Option<&ProxyFlags>, database: &DatabaseUrl) -> Override
         upstream: proxy.and_then(|p| p.upstream.clone()),
         database_url: database.database_url.clone(),
         admin_token: std::env::var("IDEMPROXY_ADMIN_TOKEN").ok(),
+        // Key ring secrets are read from the process's own environment.
+        env: None,
     }
 }
 

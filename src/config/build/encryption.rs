@@ -14,9 +14,13 @@ use crate::vault::{KEY_BYTES, KeyMaterial};
 /// Longest key id: it is kept in every row.
 const MAX_ID: usize = 64;
 
+/// The environment secrets are read from: the given one, or the process's.
+type Env<'a> = Option<&'a std::collections::HashMap<String, String>>;
+
 pub(super) fn build_encryption(
     p: &mut Problems,
     file: Option<&FileEncryption>,
+    env: Env<'_>,
 ) -> Option<Encryption> {
     let file = file?;
     let keys = match &file.keys {
@@ -29,7 +33,7 @@ pub(super) fn build_encryption(
             return None;
         }
     };
-    let ring = read_keys(p, keys);
+    let ring = read_keys(p, keys, env);
     let active = match (&file.active, keys.len()) {
         (Some(active), _) => active.clone(),
         (None, 1) => keys.keys().next().cloned().unwrap_or_default(),
@@ -61,7 +65,11 @@ fn ids(keys: &BTreeMap<String, FileSecretSpec>) -> String {
 }
 
 /// Every key, or `None` when any of them could not be read (each problem named).
-fn read_keys(p: &mut Problems, keys: &BTreeMap<String, FileSecretSpec>) -> Option<Vec<RingKey>> {
+fn read_keys(
+    p: &mut Problems,
+    keys: &BTreeMap<String, FileSecretSpec>,
+    env: Env<'_>,
+) -> Option<Vec<RingKey>> {
     let mut ring = Vec::with_capacity(keys.len());
     let mut ok = true;
     for (id, spec) in keys {
@@ -79,7 +87,7 @@ fn read_keys(p: &mut Problems, keys: &BTreeMap<String, FileSecretSpec>) -> Optio
             ok = false;
             continue;
         }
-        match read_key(spec) {
+        match read_key(spec, env) {
             Ok((source, material)) => ring.push(RingKey {
                 id: id.clone(),
                 source,
@@ -95,7 +103,7 @@ fn read_keys(p: &mut Problems, keys: &BTreeMap<String, FileSecretSpec>) -> Optio
 }
 
 /// A key's printed source and its bytes.
-fn read_key(spec: &FileSecretSpec) -> Result<(String, KeyMaterial), String> {
+fn read_key(spec: &FileSecretSpec, env: Env<'_>) -> Result<(String, KeyMaterial), String> {
     let secret = match spec {
         WordOr::Word(_) => {
             return Err(
@@ -110,7 +118,11 @@ fn read_key(spec: &FileSecretSpec) -> Result<(String, KeyMaterial), String> {
             env: Some(name),
             file: None,
         } => {
-            let text = std::env::var(name).map_err(|e| match e {
+            let text = match env {
+                Some(env) => env.get(name).cloned().ok_or(std::env::VarError::NotPresent),
+                None => std::env::var(name),
+            };
+            let text = text.map_err(|e| match e {
                 std::env::VarError::NotPresent => {
                     format!("environment variable {name} is not set")
                 }
@@ -216,6 +228,19 @@ mod tests {
         let again = load_str(&printed, &Overrides::default()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(again.encryption, config.encryption);
         assert!(!format!("{:?}", config.encryption).contains("2rLQ"));
+    }
+
+    #[test]
+    fn keys_come_from_the_environment_given() {
+        let text = format!("{UP}encryption:\n  keys:\n    k: {{ env: RING_K }}\n");
+        let env = [("RING_K".to_owned(), GOOD.trim().to_owned())].into();
+        let overrides = Overrides {
+            env: Some(env),
+            ..Overrides::default()
+        };
+        let config = load_str(&text, &overrides).unwrap_or_else(|e| panic!("{e}"));
+        assert!(config.encryption.is_some_and(|e| e.vault().has("k")));
+        assert!(problems(&text).contains("environment variable RING_K is not set"));
     }
 
     #[test]

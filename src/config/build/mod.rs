@@ -35,6 +35,10 @@ pub struct Overrides {
     pub database_url: Option<String>,
     /// `IDEMPROXY_ADMIN_TOKEN`: secrets belong in the environment, not the file.
     pub admin_token: Option<String>,
+    /// The environment `{ env: NAME }` secrets (`encryption.keys`) are read from; `None`:
+    /// the process's own. Given by tools that check a configuration for another
+    /// environment (a Kubernetes manifest's).
+    pub env: Option<std::collections::HashMap<String, String>>,
 }
 
 /// Collects every problem instead of stopping at the first, so one `check-config` run shows
@@ -167,7 +171,11 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
     let warnings = routes::shadowed(&routes);
     let reconcile = build_reconcile(&mut problems, file.reconcile.as_ref(), &routes);
     let tracing = build_tracing(&mut problems, file.tracing.as_ref());
-    let encryption = build_encryption(&mut problems, file.encryption.as_ref());
+    let encryption = build_encryption(
+        &mut problems,
+        file.encryption.as_ref(),
+        overrides.env.as_ref(),
+    );
     let mut warnings = warnings;
     if encryption.is_none() && matches!(store, Some(StoreConfig::Postgres(_))) {
         warnings.push(
