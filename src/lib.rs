@@ -19,7 +19,8 @@
 //! - [`metrics`]: the Prometheus registry; [`otlp`]: traces by OTLP; [`sweep`]: retention;
 //!   [`rekey`]: stored answers moved to the active encryption key.
 //! - [`tls`]: rustls configurations for HTTPS upstreams and the TLS listener.
-//! - [`vault`]: the key ring that seals stored answers at rest (`encryption:`).
+//! - [`vault`]: the key ring that seals stored answers at rest (`encryption:`);
+//!   [`key_form`]: idempotency keys stored as keyed hashes (`encryption.hash_keys`).
 //! - [`demo`]: the seed article's story, runnable (`idemproxy demo`, `idemproxy demo-provider`).
 
 pub mod admin;
@@ -27,6 +28,7 @@ pub mod canonical;
 pub mod config;
 pub mod demo;
 pub mod fingerprint;
+pub mod key_form;
 pub mod metrics;
 pub mod otlp;
 pub mod path;

@@ -9,6 +9,7 @@ mod support;
 
 use std::time::Duration;
 
+use idemproxy::store::SettleKeyForm;
 use support::*;
 
 const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpose":"order-1"}"#;
@@ -531,12 +532,22 @@ async fn an_embedded_file_of_the_previous_release_is_upgraded() {
         claims[0].record.lease_token, 3,
         "tokens go on from the file's"
     );
+    assert_eq!(
+        store
+            .settle_key_form("hmac-sha256:0011223344556677")
+            .await
+            .unwrap(),
+        idemproxy::store::KeyFormAgreement::Differs {
+            stored: "clear".into()
+        },
+        "the previous release's keys are kept as sent: a proxy hashing them would not find them"
+    );
     drop(store);
     let version: i32 = rusqlite::Connection::open(&path)
         .unwrap()
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 4);
+    assert_eq!(version, 5);
     // Opened again: nothing to do, nothing lost.
     let store = EmbeddedStore::open(&path, Duration::from_secs(5)).unwrap();
     assert!(store.lookup("c", "unresolved").await.unwrap().is_some());

@@ -254,6 +254,9 @@ async fn admin<S: KeyStore + Reseal>(
             "The client id and key must be percent-encoded UTF-8.",
         );
     };
+    // Log lines name the clear key's hash, as the request path's do.
+    let logged = crate::proxy::key_hash(&client, &key);
+    let key = resolve::stored_key(proxy, &client, key).await;
     match *method {
         Method::GET => match store.lookup(&client, &key).await {
             Ok(Some(record)) => json(
@@ -270,7 +273,7 @@ async fn admin<S: KeyStore + Reseal>(
         },
         Method::DELETE => match store.evict(&client, &key).await {
             Ok(true) => {
-                tracing::warn!(key = %crate::proxy::key_hash(&client, &key), "key evicted by an operator");
+                tracing::warn!(key = %logged, "key evicted by an operator");
                 json(StatusCode::OK, &serde_json::json!({ "evicted": true }))
             }
             Ok(false) => problem(

@@ -81,7 +81,25 @@ pub(super) async fn request<S: KeyStore>(
             ));
         }
     };
+    let key = stored_key(proxy, &client, key).await;
     resolve(proxy, &client, &key, &body, &who).await
+}
+
+/// The store's key for the one an operator gave: the client's key — hashed, when the
+/// store keeps keys hashed (`encryption.hash_keys`) — or, when no row has that and it is
+/// shaped like one, the stored form itself, as copied from `/admin/stuck`.
+pub(super) async fn stored_key<S: KeyStore>(proxy: &Proxy<S>, client: &str, key: String) -> String {
+    let form = proxy.key_form();
+    if !form.is_hashed() {
+        return key;
+    }
+    let hashed = form.stored(client, key.clone());
+    if crate::key_form::KeyForm::looks_stored(&key)
+        && !matches!(proxy.store().lookup(client, &hashed).await, Ok(Some(_)))
+    {
+        return key;
+    }
+    hashed
 }
 
 /// Resolves `(client, key)` as `body` says; `who` names the operator in the audit line.

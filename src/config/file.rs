@@ -36,6 +36,9 @@ pub struct FileEncryption {
     /// duplicate.
     pub keys: Option<std::collections::BTreeMap<String, FileSecretSpec>>,
     pub active: Option<String>,
+    /// Idempotency keys stored as keyed hashes under `hash_key`.
+    pub hash_keys: Option<bool>,
+    pub hash_key: Option<FileSecretSpec>,
 }
 
 /// Where a secret is read from: `{ env: NAME }` or `{ file: PATH }`; a bare word is the

@@ -127,6 +127,9 @@ pub struct Config {
 pub struct Encryption {
     pub keys: Vec<RingKey>,
     pub active: String,
+    /// `hash_keys: true`: the secret idempotency keys are hashed with (its id is
+    /// `hash_key`); `None`: keys are stored as sent.
+    pub hash_key: Option<RingKey>,
 }
 
 /// One key of the ring.
@@ -145,6 +148,14 @@ impl Encryption {
         // The configuration only holds an active key that is in the ring.
         crate::vault::Vault::new(keys, &self.active)
             .unwrap_or_else(|| unreachable!("encryption.active is one of encryption.keys"))
+    }
+
+    /// How idempotency keys are stored.
+    pub fn key_form(&self) -> crate::key_form::KeyForm {
+        match &self.hash_key {
+            Some(k) => crate::key_form::KeyForm::hashed(&k.material),
+            None => crate::key_form::KeyForm::clear(),
+        }
     }
 }
 

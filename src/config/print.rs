@@ -145,6 +145,16 @@ impl fmt::Display for Config {
                     "  active: {}",
                     serde_json::Value::String(e.active.clone())
                 )?;
+                if let Some(hash_key) = &e.hash_key {
+                    // The verifier names the secret's bytes (a reload that changed them
+                    // is told they need a restart), without revealing them.
+                    writeln!(
+                        f,
+                        "  hash_keys: true\n  hash_key: {}  # {}",
+                        hash_key.source,
+                        e.key_form().marker()
+                    )?;
+                }
             }
             None => writeln!(f, "# encryption: off (stored answers are kept in clear)")?,
         }

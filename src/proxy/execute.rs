@@ -95,7 +95,7 @@ fn answer_unreserved(
         Ok(Reservation::Unresolved { attempts }) => {
             tracing::warn!(
                 route = %job.route.name,
-                key = %super::key_hash(&job.client_id, &job.key),
+                key = %super::key_hash(&job.client_id, job.clear_key()),
                 attempts,
                 "a retry of an unresolved key was refused (takeover: never): the operation may or may not have happened; resolve it with POST /admin/keys/{{client_id}}/{{key}}/resolve or evict it"
             );
@@ -132,15 +132,16 @@ async fn execute<S: KeyStore>(
     let derived = lease
         .derived_key
         .clone()
-        .unwrap_or_else(|| derived_key(&job.client_id, &job.key));
+        .unwrap_or_else(|| derived_key(&job.client_id, job.clear_key()));
     let derived_value = HeaderValue::from_str(&derived).ok();
-    let mut body = job.body;
     // Only on routes whose provider reads the key in the body: what `protect` wrote there.
+    let clear_key = job.clear_key();
     let written = || {
         job.derived_key
             .clone()
-            .unwrap_or_else(|| derived_key(&job.client_id, &job.key))
+            .unwrap_or_else(|| derived_key(&job.client_id, clear_key))
     };
+    let mut body = job.body.clone();
     if let Some(pointer) = &policy.upstream_key_body
         && written() != derived
     {

@@ -17,7 +17,11 @@ use crate::problem::ProxyError;
 pub(crate) struct Job {
     pub route: Arc<Route>,
     pub client_id: String,
+    /// The key as the store keeps it (see [`crate::key_form`]).
     pub key: String,
+    /// The key as the client sent it (scoped to the route with `key_scope:
+    /// client_and_route`) when the store keeps a hash of it; `None`: it is `key`.
+    pub clear_key: Option<String>,
     /// The key as found in the body (`key_from.body`), for the answer's echo; empty when
     /// it came in a header.
     pub client_key: String,
@@ -30,6 +34,14 @@ pub(crate) struct Job {
     pub peer: SocketAddr,
     /// The request's trace, when spans are exported.
     pub trace: Option<Trace>,
+}
+
+impl Job {
+    /// The key as the client sent it (scoped to the route with `key_scope:
+    /// client_and_route`): what the derived key and the log lines' key hash are made of.
+    pub fn clear_key(&self) -> &str {
+        self.clear_key.as_deref().unwrap_or(&self.key)
+    }
 }
 
 /// How a protected request ended, for logs and metrics.

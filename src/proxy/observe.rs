@@ -2,7 +2,8 @@
 //! answers sealed on the way in and opened on the way out when `encryption:` is on, so that
 //! `execute` reads as the state machine it is rather than as bookkeeping.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::metrics::Metrics;
@@ -16,6 +17,40 @@ pub(crate) struct Observed<'a, S> {
     pub route: &'a Arc<str>,
     /// The key ring; `None`: answers are stored in clear (and a sealed one cannot open).
     pub vault: Option<&'a Vault>,
+    /// Keyed requests held back while the store's key form is not agreed.
+    pub hold: &'a KeyFormHold,
+}
+
+/// Keyed requests held back (answered `503`) until the store's key form is agreed: a
+/// proxy that started while the store could not be reached has not yet checked that the
+/// stored keys are in its form, and reserving in the wrong one would execute retries again.
+#[derive(Debug, Default)]
+pub struct KeyFormHold {
+    held: AtomicBool,
+    why: Mutex<String>,
+}
+
+impl KeyFormHold {
+    /// Holds keyed requests back; `why` is what their store error says.
+    pub fn hold(&self, why: String) {
+        if let Ok(mut w) = self.why.lock() {
+            *w = why;
+        }
+        self.held.store(true, Ordering::Release);
+    }
+
+    /// Lets keyed requests through.
+    pub fn release(&self) {
+        self.held.store(false, Ordering::Release);
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        if !self.held.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let why = self.why.lock().map(|w| w.clone()).unwrap_or_default();
+        Err(StoreError::Config(why))
+    }
 }
 
 impl<S: KeyStore> Observed<'_, S> {
@@ -25,6 +60,7 @@ impl<S: KeyStore> Observed<'_, S> {
     }
 
     pub async fn reserve(&self, req: &ReserveRequest<'_>) -> Result<Reservation, StoreError> {
+        self.hold.check()?;
         let started = Instant::now();
         let result = self.store.reserve(req).await;
         self.record("reserve", started, &result);

@@ -68,7 +68,8 @@ where
     let body_key = from_body.then(|| job.client_key.clone());
     // Logs carry short hashes of the client and of (client, key), never either in clear;
     // hashed only when the line will be written.
-    let key = tracing::enabled!(tracing::Level::WARN).then(|| key_hash(&job.client_id, &job.key));
+    let key =
+        tracing::enabled!(tracing::Level::WARN).then(|| key_hash(&job.client_id, job.clear_key()));
     let client = tracing::enabled!(tracing::Level::INFO)
         .then(|| hex(&Sha256::digest(job.client_id.as_bytes())[..4]));
     let (tx, rx) = oneshot::channel();
@@ -233,10 +234,15 @@ where
     } else {
         body
     };
+    let (key, clear_key) = match shared.key_form.is_hashed() {
+        true => (shared.key_form.stored(&client_id, key.clone()), Some(key)),
+        false => (key, None),
+    };
     Ok(Prepared::Job(Job {
         route: Arc::clone(&route),
         client_id,
         key,
+        clear_key,
         client_key,
         derived_key: derived_form,
         fingerprint,

@@ -10,8 +10,9 @@ use tokio_util::task::TaskTracker;
 
 use super::forward::Forwarder;
 use super::live::{LiveRoutes, Reloaded, fixed_changes};
-use super::observe::Observed;
+use super::observe::{KeyFormHold, Observed};
 use crate::config::Config;
+use crate::key_form::KeyForm;
 use crate::metrics::Metrics;
 use crate::otlp::Tracer;
 use crate::store::KeyStore;
@@ -35,6 +36,11 @@ pub(crate) struct Shared<S> {
     pub tracer: Option<Arc<Tracer>>,
     /// The key ring sealing stored answers, when `encryption:` is configured.
     pub vault: Option<Arc<Vault>>,
+    /// How idempotency keys are stored: as sent, or hashed (`encryption.hash_keys`).
+    pub key_form: KeyForm,
+    /// Why keyed requests cannot use the store yet, while the store's key form has not
+    /// been agreed (see [`Proxy::hold_keys_until_agreed`]); empty: they can.
+    pub key_form_hold: Arc<KeyFormHold>,
     /// The route label of requests that match no route.
     pub unrouted: Arc<str>,
     /// Detached executions (upstream call + completion). They outlive the client's
@@ -54,6 +60,7 @@ impl<S> Shared<S> {
             metrics: &self.metrics,
             route,
             vault: self.vault.as_deref(),
+            hold: &self.key_form_hold,
         }
     }
 }
@@ -85,12 +92,19 @@ impl<S: KeyStore> Proxy<S> {
             .filter(|_| tokio::runtime::Handle::try_current().is_ok())
             .map(Tracer::start);
         let vault = config.encryption.as_ref().map(|e| Arc::new(e.vault()));
+        let key_form = config
+            .encryption
+            .as_ref()
+            .map(|e| e.key_form())
+            .unwrap_or_default();
         Self {
             shared: Arc::new(Shared {
                 config,
                 routes: live,
                 tracer,
                 vault,
+                key_form,
+                key_form_hold: Arc::default(),
                 store,
                 forwarder,
                 metrics: Arc::new(metrics),
@@ -114,6 +128,8 @@ impl<S: KeyStore> Proxy<S> {
                 routes: Arc::clone(&shared.routes),
                 tracer: shared.tracer.clone(),
                 vault: shared.vault.clone(),
+                key_form: shared.key_form.clone(),
+                key_form_hold: Arc::clone(&shared.key_form_hold),
                 store: shared.store.clone(),
                 forwarder: shared.forwarder.sibling(),
                 metrics: Arc::clone(&shared.metrics),
@@ -157,6 +173,24 @@ impl<S: KeyStore> Proxy<S> {
     /// The key ring stored answers are sealed with, when `encryption:` is configured.
     pub fn vault(&self) -> Option<&Vault> {
         self.shared.vault.as_deref()
+    }
+
+    /// How idempotency keys are stored; the admin API finds a row by the clear key
+    /// through it.
+    pub fn key_form(&self) -> &KeyForm {
+        &self.shared.key_form
+    }
+
+    /// Keyed requests are answered `503` (a store error saying `why`) until
+    /// [`Proxy::release_keys`]: for a start that could not yet agree the key form with the
+    /// store.
+    pub fn hold_keys_until_agreed(&self, why: String) {
+        self.shared.key_form_hold.hold(why);
+    }
+
+    /// Lets keyed requests through once the store's key form is agreed.
+    pub fn release_keys(&self) {
+        self.shared.key_form_hold.release();
     }
 
     /// Detached executions still running; `server::run` waits for them on shutdown.

@@ -25,7 +25,7 @@ use super::group_commit::{GroupCommit, Write, WriteBatch, Written};
 use super::replay_cache::{ReplayCache, reserve_through};
 use super::types::*;
 
-const SCHEMA_VERSION: i32 = 4;
+const SCHEMA_VERSION: i32 = 5;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idempotency_keys (
@@ -66,6 +66,11 @@ const SCHEMA_3: &str = "ALTER TABLE idempotency_keys ADD COLUMN derived_key TEXT
 
 /// Version 4: the ring key a stored answer is sealed with (NULL: in clear).
 const SCHEMA_4: &str = "ALTER TABLE idempotency_keys ADD COLUMN sealed_with TEXT;";
+
+/// Version 5: settings kept with the keys — the form keys are stored in (see
+/// [`super::key_form`]).
+const SCHEMA_5: &str =
+    "CREATE TABLE idemproxy_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);";
 
 /// SQLite-backed [`KeyStore`] for a single instance.
 #[derive(Clone)]
@@ -180,7 +185,7 @@ impl EmbeddedStore {
                 "BEGIN IMMEDIATE; {SCHEMA_2} PRAGMA user_version = 2; COMMIT;"
             ))?;
         }
-        for (step, sql) in [(3, SCHEMA_3), (4, SCHEMA_4)] {
+        for (step, sql) in [(3, SCHEMA_3), (4, SCHEMA_4), (5, SCHEMA_5)] {
             if version < step {
                 conn.execute_batch(&format!(
                     "BEGIN IMMEDIATE; {sql} PRAGMA user_version = {step}; COMMIT;"

@@ -70,6 +70,11 @@ pub const MIGRATIONS: &[Migration] = &[
         "sealed_answers",
         include_str!("../../migrations/0007_sealed_answers.sql"),
     ),
+    plain(
+        8,
+        "key_form",
+        include_str!("../../migrations/0008_key_form.sql"),
+    ),
 ];
 
 /// The schema version this binary needs: the last migration's.

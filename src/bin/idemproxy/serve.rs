@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use idemproxy::config::{self, Config, StoreConfig};
 use idemproxy::proxy::Proxy;
-use idemproxy::store::{AnyStore, KeyStore, PgStore, StoreError};
+use idemproxy::store::{AnyStore, KeyFormAgreement, KeyStore, PgStore, SettleKeyForm, StoreError};
 use idemproxy::sweep;
 use tokio::net::TcpListener;
 
@@ -20,7 +20,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     // First: until a handler is installed, SIGHUP's default action ends the process.
     let hangups = reload::listen();
-    let store = open_store(&config, run_migrations).await?;
+    let (store, agreed) = open_store(&config, run_migrations).await?;
     for warning in &config.warnings {
         tracing::warn!(%warning, "configuration");
     }
@@ -49,6 +49,13 @@ pub async fn serve(
         "idemproxy listening"
     );
     let proxy = Proxy::new(Arc::clone(&config), store.clone());
+    let agreement = (!agreed).then(|| {
+        proxy.hold_keys_until_agreed(
+            "the store could not yet be asked which form its idempotency keys are in (encryption.hash_keys); keyed requests wait for it".to_owned(),
+        );
+        let proxy = proxy.clone();
+        tokio::spawn(async move { agree_later(proxy).await })
+    });
     let (stop, stopped) = tokio::sync::watch::channel(());
     let admin = tokio::spawn(idemproxy::admin::run(
         admin_listener,
@@ -106,6 +113,9 @@ pub async fn serve(
             .context("starting the server threads");
     sweeper.abort();
     counter.abort();
+    if let Some(agreement) = agreement {
+        agreement.abort();
+    }
     if let Some(reloader) = reloader {
         reloader.abort();
     }
@@ -126,9 +136,11 @@ pub async fn serve(
 /// Opens the configured store for this process, says which it is, and refuses to start
 /// on one that cannot work: an embedded file another process holds, a PostgreSQL schema
 /// that is missing or older than this binary (unless `--migrate`), a database that
-/// answers with errors. A database that cannot be reached yet is only a warning:
-/// protected requests get `503` until it is back.
-async fn open_store(config: &Config, run_migrations: bool) -> anyhow::Result<AnyStore> {
+/// answers with errors, keys stored in another form than this configuration's
+/// (`encryption.hash_keys`). A database that cannot be reached yet is only a warning:
+/// protected requests get `503` until it is back. Also says whether the key form was
+/// agreed (it could not be with the store unreachable).
+async fn open_store(config: &Config, run_migrations: bool) -> anyhow::Result<(AnyStore, bool)> {
     let store = AnyStore::open_for_process(&config.store, true).context("opening the store")?;
     match (&store, &config.store) {
         (AnyStore::Postgres(pg), StoreConfig::Postgres(settings)) => {
@@ -148,12 +160,21 @@ async fn open_store(config: &Config, run_migrations: bool) -> anyhow::Result<Any
         ),
         (AnyStore::Postgres(_), StoreConfig::Embedded { .. }) => {}
     }
-    match store.ping().await {
+    let form = key_form(config);
+    let agreed = match store.ping().await {
         Ok(()) => {
             if let (AnyStore::Postgres(pg), StoreConfig::Postgres(settings)) =
                 (&store, &config.store)
             {
                 log_postgres_connection(config, pg, settings);
+            }
+            match store.settle_key_form(form.marker()).await {
+                Ok(KeyFormAgreement::Agreed) => true,
+                Ok(KeyFormAgreement::Differs { stored }) => {
+                    bail!("{}", form_differs(&stored, form.marker()))
+                }
+                Err(e) if e.is_unreachable() => false,
+                Err(e) => return Err(e).context("asking the store which form its keys are in"),
             }
         }
         Err(e) if e.is_tls() => {
@@ -162,10 +183,58 @@ async fn open_store(config: &Config, run_migrations: bool) -> anyhow::Result<Any
         Err(e @ StoreError::SchemaBehind { .. }) => bail!("the store is not ready: {e}"),
         Err(e) if e.is_unreachable() => {
             tracing::warn!(cause = %e, "store unreachable at start; protected requests get 503 until it is back");
+            false
         }
         Err(e) => return Err(e).context("the store answers with an error"),
+    };
+    Ok((store, agreed))
+}
+
+fn key_form(config: &Config) -> idemproxy::key_form::KeyForm {
+    config
+        .encryption
+        .as_ref()
+        .map(|e| e.key_form())
+        .unwrap_or_default()
+}
+
+/// Why a store whose keys are in `stored` cannot be served with this configuration's form.
+fn form_differs(stored: &str, ours: &str) -> String {
+    let describe = |marker: &str| match marker {
+        "clear" => "as sent (encryption.hash_keys off)".to_owned(),
+        other => format!("as keyed hashes (encryption.hash_keys: true; hash_key verifier {other})"),
+    };
+    format!(
+        "encryption.hash_keys: the store's idempotency keys are kept {}, and this configuration would keep them {}: it would not find them, and every retry of a stored key would execute again. Configure encryption.hash_keys and encryption.hash_key as the replicas that wrote them do; the form can change only while the store holds no keys (docs/security.md)",
+        describe(stored),
+        describe(ours)
+    )
+}
+
+/// Agrees the key form once the store answers, holding keyed requests back until then.
+/// A store in another form keeps them held, said loudly: serving them would execute
+/// retries again.
+async fn agree_later(proxy: Proxy<AnyStore>) {
+    let marker = proxy.key_form().marker().to_owned();
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        match proxy.store().settle_key_form(&marker).await {
+            Ok(KeyFormAgreement::Agreed) => {
+                proxy.release_keys();
+                tracing::info!("the store's key form is agreed; keyed requests are served");
+                return;
+            }
+            Ok(KeyFormAgreement::Differs { stored }) => {
+                let why = form_differs(&stored, &marker);
+                tracing::error!(
+                    "{why}; keyed requests are refused with 503 until the configuration is fixed"
+                );
+                proxy.hold_keys_until_agreed(why);
+                return;
+            }
+            Err(_) => {}
+        }
     }
-    Ok(store)
 }
 
 /// What the first store connection showed: TLS, a pooler, and how waiting duplicates

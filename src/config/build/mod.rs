@@ -176,6 +176,12 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
         file.encryption.as_ref(),
         overrides.env.as_ref(),
     );
+    if encryption.as_ref().is_some_and(|e| e.hash_key.is_some()) && reconcile.is_some() {
+        problems.push(
+            "encryption.hash_keys",
+            "the reconciler (`reconcile:`) asks a recovery_probe about keys it reads back from the store, and a hashed key cannot be read back; leave hash_keys off or reconcile out (a client's retry still asks the probe before re-executing: it carries the clear key)",
+        );
+    }
     let mut warnings = warnings;
     if encryption.is_none() && matches!(store, Some(StoreConfig::Postgres(_))) {
         warnings.push(
