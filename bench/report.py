@@ -89,3 +89,9 @@ print(f"| idemproxy peak RSS, 1,000 pass-through connections (MiB) | {peak('pass
 print(f"| idemproxy peak RSS, 1,000 keyed connections, PostgreSQL (MiB) | {peak('keyed-pg-1000conn')} | ≤ 32 |")
 print(f"| idemproxy peak RSS, 1,000 keyed connections, embedded (MiB) | {peak('keyed-embedded-1000conn')} | ≤ 32 |")
 print(f"| completions as HOT updates | {hot} | |")
+print()
+print("Encryption's cost (`encryption:` with `hash_keys`, against the same proxy without it, interleaved):\n")
+print("| ratio | value |")
+print("| --- | ---: |")
+for case in ["keyed-pg", "replay-pg", "keyed-embedded", "replay-embedded"]:
+    print(f"| {case}: sealed / clear | {ratio(case + '-sealed', case + '-clear')} |")

@@ -234,9 +234,11 @@ where
     } else {
         body
     };
-    let (key, clear_key) = match shared.key_form.is_hashed() {
-        true => (shared.key_form.stored(&client_id, key.clone()), Some(key)),
-        false => (key, None),
+    // The store may keep a hash of the key; the derived key above is the clear one's.
+    let (key, clear_key) = if shared.key_form.is_hashed() {
+        (shared.key_form.stored(&client_id, key.clone()), Some(key))
+    } else {
+        (key, None)
     };
     Ok(Prepared::Job(Job {
         route: Arc::clone(&route),
