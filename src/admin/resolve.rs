@@ -81,8 +81,10 @@ pub(super) async fn request<S: KeyStore>(
             ));
         }
     };
+    // The audit line names the key by its hash as the client sent it, as every line does.
+    let logged = crate::proxy::key_hash(&client, &key);
     let key = stored_key(proxy, &client, key).await;
-    resolve(proxy, &client, &key, &body, &who).await
+    resolve(proxy, &client, &key, &logged, &body, &who).await
 }
 
 /// The store's key for the one an operator gave: the client's key — hashed, when the
@@ -102,11 +104,13 @@ pub(super) async fn stored_key<S: KeyStore>(proxy: &Proxy<S>, client: &str, key:
     hashed
 }
 
-/// Resolves `(client, key)` as `body` says; `who` names the operator in the audit line.
+/// Resolves `(client, key)` (the stored key; `logged`, its hash in log lines) as `body` says;
+/// `who` names the operator in the audit line.
 async fn resolve<S: KeyStore>(
     proxy: &Proxy<S>,
     client: &str,
     key: &str,
+    logged: &str,
     body: &Bytes,
     who: &str,
 ) -> Response<ProxyBody> {
@@ -191,7 +195,7 @@ async fn resolve<S: KeyStore>(
         Ok(Fenced::Applied) => {
             tracing::warn!(
                 operator = %who,
-                key = %crate::proxy::key_hash(client, key),
+                key = %logged,
                 route = %row.route,
                 resolution = %what,
                 "unresolved key resolved by an operator"

@@ -335,7 +335,7 @@ async fn reserve<S: KeyStore>(shared: &Shared<S>, job: &Job) -> Result<Reservati
         takeover: policy.takeover == Takeover::Execute,
         derived_key: job.derived_key.as_deref(),
     };
-    let first = store.reserve(&request).await;
+    let first = store.reserve(&request, job.clear_key()).await;
     let OnConflict::Wait(limit) = policy.on_conflict else {
         return first;
     };
@@ -349,7 +349,7 @@ async fn reserve<S: KeyStore>(shared: &Shared<S>, job: &Job) -> Result<Reservati
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let now = store.reserve(&request).await;
+        let now = store.reserve(&request, job.clear_key()).await;
         if !matches!(now, Ok(Reservation::InProgress { .. })) || Instant::now() >= deadline {
             return now;
         }

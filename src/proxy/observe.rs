@@ -59,13 +59,19 @@ impl<S: KeyStore> Observed<'_, S> {
             .observe_store(op, started.elapsed(), result.is_ok());
     }
 
-    pub async fn reserve(&self, req: &ReserveRequest<'_>) -> Result<Reservation, StoreError> {
+    /// Reserves `req`; `clear_key` is the key as the client sent it (`req.key` may be its
+    /// stored hash), which log lines name the key by.
+    pub async fn reserve(
+        &self,
+        req: &ReserveRequest<'_>,
+        clear_key: &str,
+    ) -> Result<Reservation, StoreError> {
         self.hold.check()?;
         let started = Instant::now();
         let result = self.store.reserve(req).await;
         self.record("reserve", started, &result);
         match result {
-            Ok(Reservation::Done(stored)) => Ok(self.open(req, stored)),
+            Ok(Reservation::Done(stored)) => Ok(self.open(req, clear_key, stored)),
             other => other,
         }
     }
@@ -73,14 +79,19 @@ impl<S: KeyStore> Observed<'_, S> {
     /// A completed key's answer as the client gets it: opened, or — when it cannot be —
     /// said so, counted, and logged loudly: a retry then gets a problem, never the
     /// ciphertext, and the operation is not executed again.
-    fn open(&self, req: &ReserveRequest<'_>, stored: crate::store::StoredResponse) -> Reservation {
+    fn open(
+        &self,
+        req: &ReserveRequest<'_>,
+        clear_key: &str,
+        stored: crate::store::StoredResponse,
+    ) -> Reservation {
         match Vault::open(self.vault, req.client_id, req.key, stored) {
             Ok(answer) => Reservation::Done(answer),
             Err(why) => {
                 Metrics::count_route(&self.metrics.unreadable, self.route);
                 tracing::error!(
                     route = %self.route,
-                    key = %super::key_hash(req.client_id, req.key),
+                    key = %super::key_hash(req.client_id, clear_key),
                     encryption_key = why.key_id(),
                     reason = why.reason(),
                     "a stored answer cannot be decrypted: {why}; the retry gets 500 and nothing is executed again (put the key back in encryption.keys, or resolve the key by hand)"
