@@ -103,6 +103,7 @@ pub struct RowId<'a> {
 }
 
 /// The key ring: every configured key by id, and the one new answers are sealed with.
+#[derive(Clone)]
 pub struct Vault {
     active: String,
     /// The active key's bytes.

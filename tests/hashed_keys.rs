@@ -241,7 +241,97 @@ async fn forget_key_form(db: &Backend) {
     }
 }
 
+/// A store of clear keys moved in place: refused (and nothing changed) while a lease is
+/// held; then every key is hashed at once — sealed answers sealed again for their new key,
+/// a crashed worker's reservation moved too — and a proxy hashing keys replays the stored
+/// answers, takes the crashed one over, and executes nothing twice. Run again: nothing to
+/// do.
+async fn rehash_keys_moves_a_clear_store(db: Backend) {
+    use idemproxy::store::RehashKeys;
+    let dir = TempDir::new("rehash");
+    let (ring, hash) = (secret_file(&dir, "ring", 1), secret_file(&dir, "hash", 2));
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let clear = TestProxy::spawn(&config(&ring, None), &upstream, &db).await;
+    let mut first = Vec::new();
+    for key in ["order-A-1", "order-B-2"] {
+        let reply = TestClient::new(&clear)
+            .post("/payments", "shop-1", key, &body(key))
+            .await;
+        assert_eq!(reply.status, 201);
+        first.push(reply.body);
+    }
+    clear.stop().await;
+    crashed_reservation(&db, "shop-1", "order-C-3").await;
+    let fp = payment_fingerprint();
+    let live = idemproxy::store::ReserveRequest {
+        client_id: "shop-1",
+        key: "order-L-4",
+        fingerprint: &fp,
+        route: "create-payment",
+        lease: Duration::from_secs(60),
+        retention: Duration::from_secs(3600),
+        takeover: true,
+        derived_key: None,
+    };
+    db.store().reserve(&live).await.unwrap();
+
+    let hashed_config = config(&ring, Some(&hash));
+    let loaded = idemproxy::config::load_str(
+        &hashed_config
+            .replace("{store}", &db.store_yaml())
+            .replace("{upstream}", &upstream.url()),
+        &idemproxy::config::Overrides::default(),
+    )
+    .unwrap();
+    let encryption = loaded.encryption.unwrap();
+    let (form, vault) = (encryption.key_form(), encryption.vault());
+    let store = db.store();
+    let refused = store.rehash_keys(&form, Some(&vault)).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("1 keys are in flight"),
+        "{refused}"
+    );
+    assert!(
+        db.lookup("shop-1", "order-A-1").await.is_some(),
+        "nothing changed"
+    );
+    assert!(store.evict("shop-1", "order-L-4").await.unwrap());
+
+    let done = store.rehash_keys(&form, Some(&vault)).await.unwrap();
+    assert_eq!((done.keys, done.resealed, done.already), (3, 2, false));
+    assert!(db.lookup("shop-1", "order-A-1").await.is_none());
+    assert!(!contains(&raw_bytes(&db).await, "order-A-1"));
+    let again = store.rehash_keys(&form, Some(&vault)).await.unwrap();
+    assert!(again.already);
+
+    let proxy = TestProxy::spawn(&hashed_config, &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    for (key, body_first) in ["order-A-1", "order-B-2"].iter().zip(&first) {
+        let replay = client.post("/payments", "shop-1", key, &body(key)).await;
+        assert!(replay.replayed(), "{key}: {replay:?}");
+        assert_eq!(&replay.body, body_first, "{key}");
+    }
+    let taken_over = client
+        .post("/payments", "shop-1", "order-C-3", PAYMENT_BODY)
+        .await;
+    assert_eq!(taken_over.status, 201, "{taken_over:?}");
+    assert_eq!(
+        upstream.executions(),
+        3,
+        "A and B once each, C once on takeover"
+    );
+    proxy.stop().await;
+    // The store's form is the hashed one now: a clear-key proxy would be refused.
+    assert_eq!(
+        store.settle_key_form("clear").await.unwrap(),
+        KeyFormAgreement::Differs {
+            stored: form.marker().to_owned()
+        }
+    );
+}
+
 on_both_stores!(
+    rehash_keys_moves_a_clear_store,
     hashed_keys_replay_and_admin_lookups_work,
     a_takeover_of_a_hashed_key_sends_the_clear_derived_key,
     the_store_keeps_its_key_form,
@@ -249,7 +339,8 @@ on_both_stores!(
 
 /// `idemproxy serve` refuses to start on a store whose keys are in another form, naming
 /// the setting: a rolling deploy that turned `hash_keys` on beside running replicas, or a
-/// changed hash secret, stops there instead of executing every retry again.
+/// changed hash secret, stops there instead of executing every retry again. With the
+/// replicas stopped, `idemproxy rehash-keys` moves the store, and hashing replicas replay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_refuses_a_store_of_another_key_form() {
     let db = Backend::postgres().await;
@@ -291,6 +382,50 @@ async fn serve_refuses_a_store_of_another_key_form() {
         .post("/payments", "shop-1", ORDER, &body("a"))
         .await;
     assert!(again.replayed());
+    assert_eq!(upstream.executions(), 1);
+
+    // The way there: stop the replicas, `rehash-keys`, start them hashing.
+    drop(proxy);
+    let rehash = |config: &Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+            .args(["rehash-keys", "--config"])
+            .arg(config)
+            .env_remove("DATABASE_URL")
+            .env_remove("IDEMPROXY_CONFIG")
+            .output()
+            .unwrap()
+    };
+    let clear_file = dir.join("clear.yaml");
+    std::fs::write(
+        &clear_file,
+        std::fs::read_to_string(&file)
+            .unwrap()
+            .replace("  hash_keys: true\n", "")
+            .lines()
+            .filter(|l| !l.contains("hash_key:"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+    .unwrap();
+    let out = rehash(&clear_file);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not hash keys"));
+    let out = rehash(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("hashed 1 keys (1 stored answers sealed again"),
+        "{stdout}"
+    );
+    let hashed = ProxyProcess::spawn(&config(&ring, Some(&hash)), &upstream, &db).await;
+    let replay = client_for(hashed.addr)
+        .post("/payments", "shop-1", ORDER, &body("a"))
+        .await;
+    assert!(replay.replayed(), "{replay:?}");
     assert_eq!(upstream.executions(), 1);
 }
 

@@ -244,6 +244,22 @@ impl EmbeddedStore {
             Ok(result) => result,
         }
     }
+
+    /// Runs `f` with the connection with no bound: for a maintenance command's one long
+    /// transaction, which a timeout would leave running after giving up on it.
+    pub(super) async fn call_unbounded<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            let mut conn = inner.conn.lock().unwrap_or_else(PoisonError::into_inner);
+            f(&mut conn)
+        })
+        .await
+        .map_err(|join| StoreError::Blocking(join.to_string()))?
+    }
 }
 
 impl WriteBatch for EmbeddedStore {

@@ -65,7 +65,7 @@ const PG_RESEAL: &str = "UPDATE idempotency_keys \
      WHERE client_id = $1 AND key = $2 AND lease_token = $3 AND status = 'done' \
        AND sealed_with IS NOT DISTINCT FROM $7";
 
-fn row(
+pub(super) fn row(
     client_id: String,
     key: String,
     token: i64,

@@ -49,6 +49,9 @@ pub enum Command {
     /// Seal every stored answer with the active encryption key (older keys, clear rows)
     /// and exit; safe while the proxy serves.
     Rekey(RekeyArgs),
+    /// Move a store of clear idempotency keys to hashed ones (`encryption.hash_keys`) in
+    /// one transaction and exit; with every replica stopped.
+    RehashKeys(StoreArgs),
     /// Play the seed article's scenarios against the demo provider and print them.
     Demo,
     /// GET a URL and exit 0 on a 2xx answer: a health check for images without a shell.
@@ -165,7 +168,9 @@ impl Command {
     pub fn log_format(&self) -> LogFormat {
         match self {
             Command::Serve(a) => a.logging.log_format,
-            Command::Migrate(a) | Command::Sweep(a) => a.logging.log_format,
+            Command::Migrate(a) | Command::Sweep(a) | Command::RehashKeys(a) => {
+                a.logging.log_format
+            }
             Command::Rekey(a) => a.store.logging.log_format,
             Command::DemoProvider(a) => a.logging.log_format,
             Command::CheckConfig(_) | Command::Demo | Command::Probe { .. } => LogFormat::Text,

@@ -81,6 +81,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Rekey(args) => rekey(&args).await,
+        Command::RehashKeys(args) => rehash_keys(&args).await,
         Command::Demo => idemproxy::demo::script::run().await,
         Command::Probe { url } => probe(&url).await,
         Command::DemoProvider(args) => {
@@ -105,6 +106,41 @@ async fn run(command: Command) -> anyhow::Result<()> {
             serve::serve(std::sync::Arc::new(config), args.migrate, source).await
         }
     }
+}
+
+/// `idemproxy rehash-keys`: the store's clear keys moved to the configured hashed form, all
+/// at once or not at all; refused while a lease is held (a replica is still serving).
+async fn rehash_keys(args: &cli::StoreArgs) -> anyhow::Result<()> {
+    use idemproxy::store::RehashKeys;
+    let overrides = cli::overrides(None, &args.database);
+    let config = config::load(args.file.config.as_deref(), &overrides)?;
+    let Some(encryption) = config.encryption.as_ref().filter(|e| e.hash_key.is_some()) else {
+        anyhow::bail!(
+            "encryption.hash_keys: the configuration does not hash keys: give it `hash_keys: true` and a `hash_key`, as the replicas will run"
+        );
+    };
+    let store = AnyStore::open_for_process(&config.store, false)
+        .context("opening the store (stop the proxy that serves it first)")?;
+    idemproxy::store::KeyStore::ping(&store)
+        .await
+        .context("checking the store")?;
+    let vault = encryption.vault();
+    let done = store
+        .rehash_keys(&encryption.key_form(), Some(&vault))
+        .await
+        .context("rehashing keys (nothing was changed)")?;
+    let summary = if done.already {
+        "the store's keys are hashed with this hash_key already; nothing to do".to_owned()
+    } else {
+        format!(
+            "hashed {} keys ({} stored answers sealed again with key `{}`); start the replicas with this configuration",
+            done.keys,
+            done.resealed,
+            vault.active()
+        )
+    };
+    write_stdout(&format!("{summary}\n"))?;
+    Ok(())
 }
 
 /// `idemproxy rekey`: one pass over the table with the configured ring; exits non-zero when
