@@ -8,9 +8,9 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use base64::Engine;
+use support::at_rest::*;
 use support::*;
 
 /// What the upstream echoes back in its answer: found in the table only if it was stored in
@@ -34,54 +34,6 @@ fn config(keys: &[(&str, &Path)], active: Option<&str>) -> String {
         yaml.push_str(&format!("  active: {active}\n"));
     }
     yaml
-}
-
-/// A key file of 32 bytes derived from `seed`, in base64 as `openssl rand -base64 32`
-/// writes it (with its newline).
-fn key_file(dir: &TempDir, name: &str, seed: u8) -> PathBuf {
-    let bytes: Vec<u8> = (0..32u8)
-        .map(|i| seed.wrapping_mul(37).wrapping_add(i.wrapping_mul(11)) ^ 0x5a)
-        .collect();
-    let path = dir.join(name);
-    let text = base64::engine::general_purpose::STANDARD.encode(bytes);
-    std::fs::write(&path, format!("{text}\n")).unwrap();
-    path
-}
-
-/// Every byte the store holds: the table's rows as PostgreSQL prints them (bytea in hex),
-/// or the embedded store's files (database and write-ahead log).
-async fn raw_bytes(db: &Backend) -> Vec<u8> {
-    match db {
-        Backend::Postgres(_) => {
-            let client = db.client().await;
-            let rows = client
-                .query("SELECT t::text FROM idempotency_keys t", &[])
-                .await
-                .unwrap();
-            rows.iter()
-                .flat_map(|r| r.get::<_, String>(0).into_bytes())
-                .collect()
-        }
-        Backend::Embedded(path) => {
-            let mut all = Vec::new();
-            for suffix in ["", "-wal"] {
-                let file = PathBuf::from(format!("{}{suffix}", path.display()));
-                all.extend(std::fs::read(file).unwrap_or_default());
-            }
-            all
-        }
-    }
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-/// Whether `text` is in the store's bytes, in clear or (PostgreSQL prints bytea) in hex.
-async fn stored_in_clear(db: &Backend, text: &str) -> bool {
-    let raw = raw_bytes(db).await;
-    let hex: String = text.bytes().map(|b| format!("{b:02x}")).collect();
-    contains(&raw, text.as_bytes()) || contains(&raw, hex.as_bytes())
 }
 
 /// With encryption on, neither the answer's body nor its headers are in the store, yet the

@@ -9,25 +9,15 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use base64::Engine;
 use idemproxy::store::{KeyFormAgreement, KeyStore, SettleKeyForm};
+use support::at_rest::*;
 use support::*;
 
 /// A client's order number, used as its idempotency key: what the table must not reveal.
 const ORDER: &str = "order-7731-ZQX";
-
-fn secret_file(dir: &TempDir, name: &str, seed: u8) -> PathBuf {
-    let bytes: Vec<u8> = (0..32u8)
-        .map(|i| seed.wrapping_mul(41).wrapping_add(i.wrapping_mul(7)) ^ 0x3c)
-        .collect();
-    let path = dir.join(name);
-    let text = base64::engine::general_purpose::STANDARD.encode(bytes);
-    std::fs::write(&path, format!("{text}\n")).unwrap();
-    path
-}
 
 /// `PAYMENTS` sealing with `ring` and, when `hash_key` is given, hashing keys with it.
 fn config(ring: &Path, hash_key: Option<&Path>) -> String {
@@ -48,40 +38,13 @@ fn body(purpose: &str) -> String {
     format!(r#"{{"amount":100,"currency":"RUB","recipient":"shop-1","purpose":"{purpose}"}}"#)
 }
 
-/// Every byte the store holds: the table as PostgreSQL prints it, or the embedded files.
-async fn raw_bytes(db: &Backend) -> Vec<u8> {
-    match db {
-        Backend::Postgres(_) => {
-            let rows = db
-                .client()
-                .await
-                .query("SELECT t::text FROM idempotency_keys t", &[])
-                .await
-                .unwrap();
-            rows.iter()
-                .flat_map(|r| r.get::<_, String>(0).into_bytes())
-                .collect()
-        }
-        Backend::Embedded(path) => ["", "-wal"]
-            .iter()
-            .flat_map(|s| std::fs::read(format!("{}{s}", path.display())).unwrap_or_default())
-            .collect(),
-    }
-}
-
-fn contains(haystack: &[u8], needle: &str) -> bool {
-    haystack
-        .windows(needle.len())
-        .any(|w| w == needle.as_bytes())
-}
-
 /// Hashed keys: the order number is nowhere in the store, yet the retry replays, a changed
 /// request is refused, the provider got `client:key` in clear, and the admin API looks the
 /// row up, and evicts it, by the key the client sent. The same check on a clear-key store
 /// finds the order number, so it can fail.
 async fn hashed_keys_replay_and_admin_lookups_work(db: Backend) {
     let dir = TempDir::new("hashed");
-    let (ring, hash) = (secret_file(&dir, "ring", 1), secret_file(&dir, "hash", 2));
+    let (ring, hash) = (key_file(&dir, "ring", 1), key_file(&dir, "hash", 2));
     let upstream = Upstream::spawn(Behavior::default()).await;
     let proxy = TestProxy::spawn(&config(&ring, Some(&hash)), &upstream, &db).await;
     let client = TestClient::new(&proxy);
@@ -100,7 +63,7 @@ async fn hashed_keys_replay_and_admin_lookups_work(db: Backend) {
         "the provider deduplicates on the clear derived key"
     );
     assert!(
-        !contains(&raw_bytes(&db).await, ORDER),
+        !stored_in_clear(&db, ORDER).await,
         "the key is stored hashed"
     );
     assert!(db.lookup("shop-1", ORDER).await.is_none());
@@ -127,7 +90,7 @@ async fn hashed_keys_replay_and_admin_lookups_work(db: Backend) {
         .post("/payments", "shop-1", ORDER, &body("a"))
         .await;
     assert_eq!(reply.status, 201);
-    assert!(contains(&raw_bytes(&clear_db).await, ORDER));
+    assert!(stored_in_clear(&clear_db, ORDER).await);
     clear.stop().await;
 }
 
@@ -136,9 +99,9 @@ async fn hashed_keys_replay_and_admin_lookups_work(db: Backend) {
 /// cannot give back — exactly once.
 async fn a_takeover_of_a_hashed_key_sends_the_clear_derived_key(db: Backend) {
     let dir = TempDir::new("hashed-takeover");
-    let (ring, hash) = (secret_file(&dir, "ring", 1), secret_file(&dir, "hash", 2));
-    let stored =
-        idemproxy::key_form::KeyForm::hashed(&material(&hash)).stored("shop-1", ORDER.to_owned());
+    let (ring, hash) = (key_file(&dir, "ring", 1), key_file(&dir, "hash", 2));
+    let stored = idemproxy::key_form::KeyForm::hashed(&key_material(&hash))
+        .stored("shop-1", ORDER.to_owned());
     crashed_reservation(&db, "shop-1", &stored).await;
     let upstream = Upstream::spawn(Behavior::default()).await;
     let proxy = TestProxy::spawn(&config(&ring, Some(&hash)), &upstream, &db).await;
@@ -180,8 +143,8 @@ async fn a_takeover_of_a_hashed_key_sends_the_clear_derived_key(db: Backend) {
 async fn the_store_keeps_its_key_form(db: Backend) {
     let store = db.store();
     let dir = TempDir::new("key-form");
-    let hashed = idemproxy::key_form::KeyForm::hashed(&material(&secret_file(&dir, "h", 2)));
-    let other = idemproxy::key_form::KeyForm::hashed(&material(&secret_file(&dir, "o", 3)));
+    let hashed = idemproxy::key_form::KeyForm::hashed(&key_material(&key_file(&dir, "h", 2)));
+    let other = idemproxy::key_form::KeyForm::hashed(&key_material(&key_file(&dir, "o", 3)));
     let settle = async |marker: &str| store.settle_key_form(marker).await.unwrap();
     assert_eq!(settle("clear").await, KeyFormAgreement::Agreed);
     // Empty: the form may change.
@@ -216,14 +179,6 @@ async fn the_store_keeps_its_key_form(db: Backend) {
     assert_eq!(settle("clear").await, KeyFormAgreement::Agreed);
 }
 
-fn material(path: &Path) -> idemproxy::vault::KeyMaterial {
-    let text = std::fs::read_to_string(path).unwrap();
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(text.trim())
-        .unwrap();
-    idemproxy::vault::KeyMaterial(bytes.try_into().unwrap())
-}
-
 /// The store as an older release left it: keys, and no key form recorded.
 async fn forget_key_form(db: &Backend) {
     match db {
@@ -249,7 +204,7 @@ async fn forget_key_form(db: &Backend) {
 async fn rehash_keys_moves_a_clear_store(db: Backend) {
     use idemproxy::store::RehashKeys;
     let dir = TempDir::new("rehash");
-    let (ring, hash) = (secret_file(&dir, "ring", 1), secret_file(&dir, "hash", 2));
+    let (ring, hash) = (key_file(&dir, "ring", 1), key_file(&dir, "hash", 2));
     let upstream = Upstream::spawn(Behavior::default()).await;
     let clear = TestProxy::spawn(&config(&ring, None), &upstream, &db).await;
     let mut first = Vec::new();
@@ -300,7 +255,7 @@ async fn rehash_keys_moves_a_clear_store(db: Backend) {
     let done = store.rehash_keys(&form, Some(&vault)).await.unwrap();
     assert_eq!((done.keys, done.resealed, done.already), (3, 2, false));
     assert!(db.lookup("shop-1", "order-A-1").await.is_none());
-    assert!(!contains(&raw_bytes(&db).await, "order-A-1"));
+    assert!(!stored_in_clear(&db, "order-A-1").await);
     let again = store.rehash_keys(&form, Some(&vault)).await.unwrap();
     assert!(again.already);
 
@@ -345,7 +300,7 @@ on_both_stores!(
 async fn serve_refuses_a_store_of_another_key_form() {
     let db = Backend::postgres().await;
     let dir = TempDir::new("form-refused");
-    let (ring, hash) = (secret_file(&dir, "ring", 1), secret_file(&dir, "hash", 2));
+    let (ring, hash) = (key_file(&dir, "ring", 1), key_file(&dir, "hash", 2));
     let upstream = Upstream::spawn(Behavior::default()).await;
     // A replica of the release before: clear keys, one stored.
     let proxy = ProxyProcess::spawn(&config(&ring, None), &upstream, &db).await;
@@ -436,7 +391,7 @@ async fn serve_refuses_a_store_of_another_key_form() {
 async fn keyed_requests_wait_for_the_key_form_when_the_store_was_down_at_start() {
     let db = Backend::postgres().await;
     let dir = TempDir::new("form-later");
-    let (ring, hash) = (secret_file(&dir, "ring", 1), secret_file(&dir, "hash", 2));
+    let (ring, hash) = (key_file(&dir, "ring", 1), key_file(&dir, "hash", 2));
     let upstream = Upstream::spawn(Behavior::default()).await;
     let (relay, url) = Relay::for_db(db.pg()).await;
     let through_relay = |yaml: String| yaml.replace("{store}", &pg_store_yaml(&url));

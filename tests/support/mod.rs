@@ -2,6 +2,7 @@
 //! that counts executions, and the real proxy served through `server::run`.
 #![allow(dead_code)]
 
+pub mod at_rest;
 pub mod cluster;
 
 use std::collections::HashMap;
