@@ -78,6 +78,28 @@ async fn hashed_keys_replay_and_admin_lookups_work(db: Backend) {
     let afresh = client.post("/payments", "shop-1", ORDER, &body("b")).await;
     assert_eq!(afresh.status, 201, "an evicted key executes afresh");
     assert_eq!(upstream.executions(), 2);
+
+    // Concurrent duplicates of one key hash alike, so the unique index still picks one
+    // winner: one execution, the others 409 or the replay.
+    let racing: Vec<_> = (0..16)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                client
+                    .post("/payments", "shop-1", "race-1", &body("r"))
+                    .await
+            })
+        })
+        .collect();
+    for task in racing {
+        let status = task.await.unwrap().status.as_u16();
+        assert!(matches!(status, 201 | 409), "{status}");
+    }
+    assert_eq!(
+        upstream.executions(),
+        3,
+        "sixteen duplicates, one execution"
+    );
     proxy.stop().await;
 
     // The control: the same request on a store of clear keys leaves the order number in it.

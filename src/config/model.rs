@@ -141,6 +141,16 @@ pub struct RingKey {
     pub material: crate::vault::KeyMaterial,
 }
 
+impl Config {
+    /// How idempotency keys are stored: hashed with `encryption.hash_key`, or as sent.
+    pub fn key_form(&self) -> crate::key_form::KeyForm {
+        self.encryption
+            .as_ref()
+            .map(Encryption::key_form)
+            .unwrap_or_default()
+    }
+}
+
 impl Encryption {
     /// The ring the proxy seals and opens with.
     pub fn vault(&self) -> crate::vault::Vault {

@@ -92,11 +92,7 @@ impl<S: KeyStore> Proxy<S> {
             .filter(|_| tokio::runtime::Handle::try_current().is_ok())
             .map(Tracer::start);
         let vault = config.encryption.as_ref().map(|e| Arc::new(e.vault()));
-        let key_form = config
-            .encryption
-            .as_ref()
-            .map(|e| e.key_form())
-            .unwrap_or_default();
+        let key_form = config.key_form();
         Self {
             shared: Arc::new(Shared {
                 config,

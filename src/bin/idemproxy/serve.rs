@@ -160,7 +160,7 @@ async fn open_store(config: &Config, run_migrations: bool) -> anyhow::Result<(An
         ),
         (AnyStore::Postgres(_), StoreConfig::Embedded { .. }) => {}
     }
-    let form = key_form(config);
+    let form = config.key_form();
     let agreed = match store.ping().await {
         Ok(()) => {
             if let (AnyStore::Postgres(pg), StoreConfig::Postgres(settings)) =
@@ -188,14 +188,6 @@ async fn open_store(config: &Config, run_migrations: bool) -> anyhow::Result<(An
         Err(e) => return Err(e).context("the store answers with an error"),
     };
     Ok((store, agreed))
-}
-
-fn key_form(config: &Config) -> idemproxy::key_form::KeyForm {
-    config
-        .encryption
-        .as_ref()
-        .map(|e| e.key_form())
-        .unwrap_or_default()
 }
 
 /// Why a store whose keys are in `stored` cannot be served with this configuration's form.
