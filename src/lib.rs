@@ -14,7 +14,10 @@
 //! - [`store`]: the key table ([`store::KeyStore`]) and its PostgreSQL implementation.
 //! - [`proxy`]: the request path — pass-through, protection, detached execution.
 //! - [`problem`]: every error the proxy answers itself, as RFC 9457 problem+json.
-//! - [`server`]: accept loop and graceful drain; [`shutdown`]: the stop signal.
+//! - [`server`]: accept loop, the client connections' HTTP/1 and graceful drain;
+//!   [`shutdown`]: the stop signal.
+//! - [`http1`]: HTTP/1.1 on the wire (transport, bodies, messages) and the upstream
+//!   connection.
 //! - [`admin`]: health, readiness, metrics and the key admin API on the admin listener.
 //! - [`metrics`]: the Prometheus registry; [`otlp`]: traces by OTLP; [`sweep`]: retention;
 //!   [`rekey`]: stored answers moved to the active encryption key.
@@ -28,6 +31,7 @@ pub mod canonical;
 pub mod config;
 pub mod demo;
 pub mod fingerprint;
+pub mod http1;
 pub mod key_form;
 pub mod metrics;
 pub mod otlp;

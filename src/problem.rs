@@ -72,6 +72,12 @@ pub enum ProxyError {
     StoredAnswerUnreadable(crate::vault::Unreadable),
     #[error("recovery probe inconclusive")]
     ProbeInconclusive { status: Option<u16> },
+    #[error("request head larger than {limit} bytes")]
+    HeadTooLarge { limit: usize },
+    #[error("malformed request: {0}")]
+    MalformedHead(String),
+    #[error("unsupported transfer coding `{0}`")]
+    UnsupportedCoding(String),
     #[error("internal error")]
     Internal,
 }
@@ -91,7 +97,10 @@ impl ProxyError {
             | ProxyError::InvalidPath(_)
             | ProxyError::BodyRead(_)
             | ProxyError::KeyPlacement { .. }
+            | ProxyError::MalformedHead(_)
             | ProxyError::Body(_) => StatusCode::BAD_REQUEST,
+            ProxyError::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ProxyError::UnsupportedCoding(_) => StatusCode::NOT_IMPLEMENTED,
             ProxyError::MissingClientId {
                 unauthorized: true, ..
             } => StatusCode::UNAUTHORIZED,
@@ -234,6 +243,21 @@ impl ProxyError {
                 "stored-answer-unreadable",
                 "Stored answer cannot be read",
                 "A request with this idempotency key was already executed, but the proxy cannot decrypt its stored answer, so it is neither replayed nor executed again. The operator has been told; retry later with the same key (not a new one: the operation has happened).".to_owned(),
+            ),
+            ProxyError::HeadTooLarge { limit } => (
+                "head-too-large",
+                "Request head too large",
+                format!("The request line and header fields exceed {limit} bytes (or {} fields). Nothing was forwarded or reserved; send fewer or shorter header fields.", crate::server::MAX_HEADERS),
+            ),
+            ProxyError::MalformedHead(reason) => (
+                "malformed-request",
+                "Malformed request",
+                format!("The request could not be read as HTTP/1.1: {reason}. Nothing was forwarded or reserved, and the connection is closed; send the request again on a new connection."),
+            ),
+            ProxyError::UnsupportedCoding(coding) => (
+                "unsupported-transfer-coding",
+                "Transfer coding not supported",
+                format!("The request body is sent with the transfer coding `{coding}`, which the proxy does not decode (only `chunked`). Nothing was forwarded or reserved; send the body unencoded, or with `Content-Encoding`."),
             ),
             ProxyError::Internal => (
                 "internal",

@@ -17,10 +17,7 @@
 //! what a pass-through request costs beyond the system calls. An idle connection is not
 //! polled at all; one the upstream closed meanwhile is found out when it is next used.
 
-use std::collections::VecDeque;
-use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use http_body::Body;
@@ -33,8 +30,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::body::{BoxError, ProxyBody};
 use super::headers::{set_forwarded, strip_hop_by_hop};
-use super::pool::{Lease, Pool, SentBody, UpstreamBody};
+use super::pool::{Pool, UpstreamBody};
 use crate::config::UpstreamConfig;
+use crate::http1::client::SendError;
 
 /// Why an upstream call failed.
 #[derive(Debug, thiserror::Error)]
@@ -74,7 +72,7 @@ impl Forwarder {
         let pool = Arc::new(Pool {
             connector,
             origin: upstream.origin.clone(),
-            idle: Mutex::new(VecDeque::new()),
+            slots: Mutex::default(),
             permits: Arc::new(Semaphore::new(upstream.max_connections)),
         });
         let client_proto = if client_tls { "https" } else { "http" };
@@ -97,7 +95,7 @@ impl Forwarder {
             pool: Arc::new(Pool {
                 connector: self.pool.connector.clone(),
                 origin: self.pool.origin.clone(),
-                idle: Mutex::new(VecDeque::new()),
+                slots: Mutex::default(),
                 permits: Arc::clone(&self.pool.permits),
             }),
             client_proto: self.client_proto,
@@ -161,70 +159,40 @@ impl Forwarder {
                 "upstream connection limiter closed".into(),
             ));
         };
-        // hyper never polls a body that reports its end up front (no body at all).
-        let request_sent = Arc::new(AtomicBool::new(req.body().is_end_stream()));
-        let mut req = req.map(|inner| SentBody {
-            inner,
-            sent: Arc::clone(&request_sent),
-        });
-        // A pooled connection the upstream closed while idle refuses the request before
-        // writing it; the request then goes out on another one. A new connection that
-        // refuses it ends the attempt: nothing was sent.
-        loop {
-            let (mut conn, fresh) = match pool.checkout() {
-                Some(conn) => (conn, false),
+        // An idle connection the upstream closed meanwhile (its keep-alive ran out) is
+        // found out before the request is written, and the next one is tried.
+        let conn = loop {
+            match pool.checkout().await {
+                Some(mut conn) => {
+                    if conn.is_usable().await {
+                        break conn;
+                    }
+                }
                 // Boxed: connecting is rare, and its state would otherwise make every
                 // request's future larger.
-                None => (
-                    Box::pin(pool.connect())
+                None => {
+                    break Box::pin(pool.connect())
                         .await
-                        .map_err(ForwardError::NotSent)?,
-                    true,
-                ),
-            };
-            // A reused connection becomes ready once its I/O has caught up with the end
-            // of its previous exchange; one the upstream closed meanwhile reports that.
-            let ready = poll_fn(|cx| {
-                conn.drive(cx);
-                conn.sender.poll_ready(cx)
-            })
-            .await;
-            if let Err(e) = ready {
-                if fresh {
-                    return Err(ForwardError::NotSent(Box::new(e)));
+                        .map_err(ForwardError::NotSent)?;
                 }
-                continue;
             }
-            let mut answer = std::pin::pin!(conn.sender.try_send_request(req));
-            let answered = poll_fn(|cx| {
-                conn.drive(cx);
-                answer.as_mut().poll(cx)
-            })
-            .await;
-            match answered {
-                Ok(resp) => {
-                    let lease = Lease {
-                        conn,
-                        pool: Arc::clone(pool),
-                        request_sent,
-                    };
-                    let (parts, inner) = resp.into_parts();
-                    let mut body = UpstreamBody {
-                        inner,
-                        lease: Some(lease),
-                        _permit: permit,
-                    };
-                    if body.inner.is_end_stream() {
-                        body.finish();
-                    }
-                    return Ok(Response::from_parts(parts, body));
+        };
+        let (parts, body) = req.into_parts();
+        match conn.send(parts, body).await {
+            Ok(resp) => {
+                let (parts, inner) = resp.into_parts();
+                let mut body = UpstreamBody {
+                    inner,
+                    pool: Arc::clone(pool),
+                    _permit: permit,
+                };
+                if body.inner.is_end_stream() {
+                    body.finish();
                 }
-                Err(mut e) => match e.take_message() {
-                    Some(back) if !fresh => req = back,
-                    Some(_) => return Err(ForwardError::NotSent(Box::new(e.into_error()))),
-                    None => return Err(ForwardError::Failed(Box::new(e.into_error()))),
-                },
+                Ok(Response::from_parts(parts, body))
             }
+            Err(SendError::NotSent(e)) => Err(ForwardError::NotSent(Box::new(e))),
+            Err(SendError::Failed(e)) => Err(ForwardError::Failed(e)),
         }
     }
 }

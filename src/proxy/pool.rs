@@ -3,9 +3,8 @@
 //! answer ends (see `forward` for why the proxy keeps a pool of its own).
 
 use std::collections::VecDeque;
-use std::future::{Future, poll_fn};
+use std::future::poll_fn;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -13,116 +12,77 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::Uri;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use hyper_util::rt::TokioIo;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tower_service::Service;
 
-use super::body::{BoxError, ProxyBody};
+use super::body::BoxError;
+use crate::http1::BodyError;
+use crate::http1::client::{Answer, Connection};
 
 /// How long an unused upstream connection is kept.
 pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Read buffer of an upstream connection: enough for any ordinary head in one read,
-/// small enough that hundreds of connections cost little.
-pub(super) const READ_BUFFER: usize = 8 * 1024;
+/// How long a request that finds every upstream connection busy waits for one to come
+/// back before it opens another (see [`Pool::checkout`]).
+pub(super) const HANDOFF: Duration = Duration::from_millis(2);
 
 /// The upstream's connections: idle ones on a stack, the open ones bounded by permits.
 pub(super) struct Pool {
     pub(super) connector: HttpsConnector<HttpConnector>,
     pub(super) origin: Uri,
-    /// Most recently used on top, so a burst's extra connections age out at the bottom.
-    pub(super) idle: Mutex<VecDeque<Idle>>,
+    /// Idle connections, and the requests waiting for one to come back.
+    pub(super) slots: Mutex<Slots>,
     /// Bounds the requests in flight to the upstream (and so its connections): past it,
     /// requests queue here, within their timeout, instead of opening more sockets.
     pub(super) permits: Arc<Semaphore>,
 }
 
-/// The transport of an upstream connection (plain TCP or TLS).
-pub(super) type Io = <HttpsConnector<HttpConnector> as Service<Uri>>::Response;
-
-/// One upstream connection: the handle requests are sent on and the connection's I/O,
-/// which runs only while its holder polls it.
-pub(super) struct Conn {
-    pub(super) sender: http1::SendRequest<SentBody>,
-    /// `None` once the connection has ended (closed or failed). Dropping it drops what
-    /// was queued on it, so a request it never wrote is handed back to its sender.
-    pub(super) io: Option<http1::Connection<Io, SentBody>>,
+/// What the pool holds between requests.
+#[derive(Default)]
+pub(super) struct Slots {
+    /// Most recently used on top, so a burst's extra connections age out at the bottom.
+    idle: VecDeque<Idle>,
+    /// Requests that found every connection busy, oldest first: a connection given back
+    /// goes to the first of them still waiting.
+    waiters: VecDeque<oneshot::Sender<Connection>>,
 }
 
-impl Conn {
-    /// Moves the connection's I/O forward as far as it can go now, and arranges for the
-    /// current task to be woken when it can go further.
-    pub(super) fn drive(&mut self, cx: &mut Context<'_>) {
-        let Some(io) = self.io.as_mut() else {
-            return;
-        };
-        if let Poll::Ready(result) = Pin::new(io).poll(cx) {
-            self.io = None;
-            if let Err(e) = result {
-                tracing::debug!(cause = %e, "upstream connection ended with an error");
-            }
-        }
-    }
-
-    pub(super) fn ended(&self) -> bool {
-        self.io.is_none()
-    }
-}
-
-pub(super) struct Idle {
-    pub(super) conn: Box<Conn>,
-    pub(super) since: Instant,
-}
-
-/// A connection lent to one request; it goes back to the pool when the answer's body
-/// has been read to the end and the request's body was sent whole.
-pub(super) struct Lease {
-    /// Boxed: the connection's state is large and changes hands on every request.
-    pub(super) conn: Box<Conn>,
-    pub(super) pool: Arc<Pool>,
-    pub(super) request_sent: Arc<AtomicBool>,
+struct Idle {
+    conn: Connection,
+    since: Instant,
 }
 
 /// An upstream answer's body. It holds its connection's permit until it is dropped, and
 /// returns the connection to the pool when it ends.
 pub struct UpstreamBody {
-    pub(super) inner: Incoming,
-    pub(super) lease: Option<Lease>,
+    pub(super) inner: Answer,
+    pub(super) pool: Arc<Pool>,
     pub(super) _permit: OwnedSemaphorePermit,
 }
 
 impl UpstreamBody {
+    /// Gives the connection back once the body has ended (and the upstream keeps it open).
     pub(super) fn finish(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            // A request body still being sent (the upstream answered early) keeps its
-            // connection busy: that connection is closed instead of reused.
-            if lease.request_sent.load(Ordering::Acquire) && !lease.conn.ended() {
-                lease.pool.put(lease.conn);
-            }
+        if let Some(conn) = self.inner.take_connection() {
+            self.pool.put(conn);
         }
     }
 }
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        // The body's bytes arrive only while its connection's I/O is driven.
-        if let Some(lease) = self.lease.as_mut() {
-            lease.conn.drive(cx);
-        }
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(None) => self.finish(),
             Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.finish(),
-            // An error ends the connection: dropping the lease closes it.
-            Poll::Ready(Some(Err(_))) => self.lease = None,
             _ => {}
         }
         polled
@@ -137,43 +97,44 @@ impl Body for UpstreamBody {
     }
 }
 
-/// The request's body, marking when it has been sent whole (or had nothing to send).
-/// The pool's connections take it as it is, so it is not boxed a second time.
-pub(super) struct SentBody {
-    pub(super) inner: ProxyBody,
-    pub(super) sent: Arc<AtomicBool>,
-}
-
-impl Body for SentBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
-            self.sent.store(true, Ordering::Release);
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 impl Pool {
-    /// The most recently used idle connection, if there is one that is not too old. (An
-    /// idle connection is not driven, so whether the upstream closed it shows only when
-    /// it is used.)
-    pub(super) fn checkout(&self) -> Option<Box<Conn>> {
-        let mut idle = self.lock();
+    /// An idle connection, or else one given back within [`HANDOFF`]; `None`: open one.
+    ///
+    /// Why wait at all: a burst of requests (a batch of reservations committed together)
+    /// would otherwise open a connection each while the busy ones are a fraction of a
+    /// millisecond from free, and each upstream connection holds buffers for as long as it
+    /// stays in the pool. Waiting briefly keeps the pool near the concurrency the upstream
+    /// actually needs; a slow upstream still gets a new connection after [`HANDOFF`].
+    pub(super) async fn checkout(&self) -> Option<Connection> {
+        let mut waiting = {
+            let mut slots = self.lock();
+            if let Some(conn) = Self::freshest(&mut slots.idle) {
+                return Some(conn);
+            }
+            while slots
+                .waiters
+                .front()
+                .is_some_and(oneshot::Sender::is_closed)
+            {
+                slots.waiters.pop_front();
+            }
+            let (handoff, waiting) = oneshot::channel();
+            slots.waiters.push_back(handoff);
+            waiting
+        };
+        match tokio::time::timeout(HANDOFF, &mut waiting).await {
+            Ok(conn) => conn.ok(),
+            Err(_) => {
+                // One given back as the wait ran out is still taken.
+                waiting.close();
+                waiting.try_recv().ok()
+            }
+        }
+    }
+
+    /// The most recently used idle connection that is not too old. (An idle connection
+    /// is not driven, so whether the upstream closed it shows only when it is used.)
+    fn freshest(idle: &mut VecDeque<Idle>) -> Option<Connection> {
         while let Some(Idle { conn, since }) = idle.pop_back() {
             if since.elapsed() <= IDLE_TIMEOUT {
                 return Some(conn);
@@ -182,37 +143,38 @@ impl Pool {
         None
     }
 
-    pub(super) fn put(&self, conn: Box<Conn>) {
+    /// Gives a connection back: to the first request still waiting, or to the idle stack.
+    pub(super) fn put(&self, mut conn: Connection) {
         let now = Instant::now();
-        let mut idle = self.lock();
-        while idle
+        let mut slots = self.lock();
+        while let Some(waiter) = slots.waiters.pop_front() {
+            match waiter.send(conn) {
+                Ok(()) => return,
+                Err(back) => conn = back,
+            }
+        }
+        while slots
+            .idle
             .front()
             .is_some_and(|old| now.duration_since(old.since) > IDLE_TIMEOUT)
         {
-            idle.pop_front();
+            slots.idle.pop_front();
         }
-        idle.push_back(Idle { conn, since: now });
+        slots.idle.push_back(Idle { conn, since: now });
     }
 
-    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
-        // The queue stays consistent even if a holder panicked: push and pop only.
-        self.idle
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
+        // The queues stay consistent even if a holder panicked: push and pop only.
+        self.slots
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Opens a new connection; its I/O runs when its holder drives it.
-    pub(super) async fn connect(&self) -> Result<Box<Conn>, BoxError> {
+    /// Opens a new connection.
+    pub(super) async fn connect(&self) -> Result<Connection, BoxError> {
         let mut connector = self.connector.clone();
         poll_fn(|cx| connector.poll_ready(cx)).await?;
         let io = connector.call(self.origin.clone()).await?;
-        let (sender, io) = http1::Builder::new()
-            .read_buf_exact_size(Some(READ_BUFFER))
-            .handshake(io)
-            .await?;
-        Ok(Box::new(Conn {
-            sender,
-            io: Some(io),
-        }))
+        Ok(Connection::new(TokioIo::new(io)))
     }
 }

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use hyper::body::Incoming;
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::Watcher;
@@ -28,6 +28,8 @@ pub(super) enum ConnError {
     Tls(String),
     #[error("no request head within the header read timeout")]
     NoHead,
+    #[error("{0}")]
+    H1(#[from] super::h1::ConnError),
 }
 
 impl ConnError {
@@ -36,6 +38,7 @@ impl ConnError {
             ConnError::Http(e) => e,
             ConnError::Tls(_) => return "tls_handshake",
             ConnError::NoHead => return "header_timeout",
+            ConnError::H1(e) => return e.kind(),
         };
         match e.downcast_ref::<hyper::Error>() {
             Some(h) if h.is_timeout() => "header_timeout",
@@ -52,6 +55,12 @@ impl ConnError {
 pub(super) enum Protocol {
     Http1,
     Http2,
+}
+
+/// How each protocol is served, the same for every connection of a listener.
+pub(super) struct Protocols {
+    pub(super) h1: super::h1::Limits,
+    pub(super) h2: http2::Builder<TokioExecutor>,
 }
 
 /// The first bytes of every HTTP/2 connection (RFC 9113 §3.4).
@@ -90,36 +99,34 @@ pub(super) async fn before_serving<T>(
     }
 }
 
-/// Serves one connection in `protocol` until it ends or the server drains.
-pub(super) async fn serve<I, F>(
-    h1: &http1::Builder,
-    h2: &http2::Builder<TokioExecutor>,
+/// Serves one connection in `protocol` until it ends or the server drains: HTTP/1 by this
+/// crate's own connection ([`super::h1`]), HTTP/2 by hyper.
+pub(super) async fn serve<S: KeyStore, I>(
+    protocols: &Protocols,
     protocol: Protocol,
     io: I,
-    svc: impl hyper::service::Service<
-        http::Request<Incoming>,
-        Response = http::Response<crate::proxy::body::ProxyBody>,
-        Error = Infallible,
-        Future = F,
-    > + Clone
-    + Send
-    + 'static,
+    proxy: Proxy<S>,
+    peer: SocketAddr,
+    draining: &CancellationToken,
     watcher: Watcher,
 ) -> Result<(), ConnError>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    F: Future<Output = Result<http::Response<crate::proxy::body::ProxyBody>, Infallible>>
-        + Send
-        + 'static,
 {
-    let io = TokioIo::new(io);
-    let served = match protocol {
-        // Upgrades (WebSocket) are not proxied, so the connection needs no upgrade support.
-        Protocol::Http1 => watcher.watch(h1.serve_connection(io, svc)).await,
+    match protocol {
+        Protocol::Http1 => {
+            // Held to the end: the drain waits for every watcher to be dropped.
+            let _watcher = watcher;
+            Ok(super::h1::serve(io, &proxy, peer, protocols.h1, draining).await?)
+        }
         // Boxed: HTTP/2's connection state is larger, and HTTP/1 connections are the many.
-        Protocol::Http2 => Box::pin(watcher.watch(h2.serve_connection(io, svc))).await,
-    };
-    served.map_err(|e| ConnError::Http(Box::new(e)))
+        Protocol::Http2 => {
+            let svc = service(proxy, peer);
+            Box::pin(watcher.watch(protocols.h2.serve_connection(TokioIo::new(io), svc)))
+                .await
+                .map_err(|e| ConnError::Http(Box::new(e)))
+        }
+    }
 }
 
 pub(super) fn service<S: KeyStore>(

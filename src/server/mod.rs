@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpSocket};
@@ -25,11 +25,14 @@ use tokio::sync::{Semaphore, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 mod conn;
+mod h1;
+
+pub use h1::{MAX_HEADERS, OptionalBody, RequestBody};
 
 use crate::metrics::KindLabel;
 use crate::proxy::Proxy;
 use crate::store::KeyStore;
-use conn::{ConnError, Protocol, before_serving, serve, service, sniff};
+use conn::{ConnError, Protocol, Protocols, before_serving, serve, sniff};
 
 /// Serves `proxy` on `listener` until `shutdown` resolves, then stops accepting, lets
 /// in-flight requests and their completions finish (up to `grace`), and returns whether
@@ -192,15 +195,14 @@ async fn accept<S: KeyStore>(
     gate: &Gate,
 ) -> GracefulShutdown {
     let limits = proxy.config().limits;
-    let mut h1 = http1::Builder::new();
-    h1.timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        // The read buffer bounds a request head: larger gets 431.
-        .max_buf_size(limits.max_header_bytes);
+    let h1_limits = h1::Limits {
+        head_timeout: limits.header_read_timeout,
+        max_head: limits.max_header_bytes,
+    };
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
-    let builders = Arc::new((h1, h2));
+    let protocols = Arc::new(Protocols { h1: h1_limits, h2 });
     let graceful = GracefulShutdown::new();
     // TLS on the listener when configured; HTTP/2 is offered by ALPN.
     let acceptor = proxy
@@ -233,20 +235,21 @@ async fn accept<S: KeyStore>(
         let metrics = Arc::clone(proxy.metrics());
         let open = metrics.connections_open.clone();
         open.inc();
-        let (builders, watcher, svc) = (
-            Arc::clone(&builders),
-            graceful.watcher(),
-            service(proxy.clone(), peer),
-        );
+        let (protocols, watcher, proxy) =
+            (Arc::clone(&protocols), graceful.watcher(), proxy.clone());
         let acceptor = acceptor.clone();
         let draining = gate.draining.clone();
         let head_timeout = limits.header_read_timeout;
         tokio::spawn(async move {
-            let (h1, h2) = &*builders;
             let served = match acceptor {
                 None => match before_serving(&draining, head_timeout, sniff(&stream)).await {
                     None => Ok(()),
-                    Some(Ok(Ok(protocol))) => serve(h1, h2, protocol, stream, svc, watcher).await,
+                    Some(Ok(Ok(protocol))) => {
+                        serve(
+                            &protocols, protocol, stream, proxy, peer, &draining, watcher,
+                        )
+                        .await
+                    }
                     Some(Ok(Err(e))) => Err(ConnError::Http(Box::new(e))),
                     Some(Err(_)) => Err(ConnError::NoHead),
                 },
@@ -262,7 +265,8 @@ async fn accept<S: KeyStore>(
                                     Some(b"h2") => Protocol::Http2,
                                     _ => Protocol::Http1,
                                 };
-                                serve(h1, h2, protocol, tls, svc, watcher).await
+                                serve(&protocols, protocol, tls, proxy, peer, &draining, watcher)
+                                    .await
                             }
                             Some(Ok(Err(e))) => Err(ConnError::Tls(e.to_string())),
                             Some(Err(_)) => Err(ConnError::Tls("handshake timed out".into())),
