@@ -44,7 +44,9 @@ pub(crate) async fn run<S: KeyStore>(
     tx: oneshot::Sender<Answer>,
 ) {
     let timer = Timer::start(job.trace.as_ref());
-    let reservation = reserve(&shared, &job).await;
+    // Boxed, like `execute` below: each stage's state is freed when it ends, instead of
+    // the largest one being held for the whole request.
+    let reservation = Box::pin(reserve(&shared, &job)).await;
     timer.end("reserve", Kind::Internal, || {
         let said = reservation
             .as_ref()

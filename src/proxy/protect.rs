@@ -49,7 +49,7 @@ pub(crate) async fn protect<S, B>(
     shared: &Arc<Shared<S>>,
     route: Arc<Route>,
     key: Option<String>,
-    req: Request<B>,
+    req: Box<Request<B>>,
     peer: SocketAddr,
     trace: Option<Trace>,
 ) -> Protected
@@ -60,7 +60,9 @@ where
 {
     let started = Instant::now();
     let from_body = key.is_none();
-    let job = match prepare(shared, Arc::clone(&route), key, req, peer).await {
+    // Boxed: what preparing takes is freed before the long wait for the answer.
+    let prepared = Box::pin(prepare(shared, Arc::clone(&route), key, req, peer)).await;
+    let job = match prepared {
         Ok(Prepared::Job(job)) => Job { trace, ..job },
         Ok(Prepared::Unkeyed(req)) => return Protected::Unkeyed(req),
         Err(err) => return Protected::Answered("rejected", Err(err), None),
@@ -117,7 +119,7 @@ async fn prepare<S, B>(
     shared: &Arc<Shared<S>>,
     route: Arc<Route>,
     key: Option<String>,
-    req: Request<B>,
+    req: Box<Request<B>>,
     peer: SocketAddr,
 ) -> Result<Prepared, ProxyError>
 where
@@ -127,7 +129,7 @@ where
 {
     let policy = &route.policy;
     let client_id = client_id(req.headers(), &shared.config.client_id)?;
-    let (parts, body) = req.into_parts();
+    let (parts, body) = (*req).into_parts();
 
     let declared = parts
         .headers

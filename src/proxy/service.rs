@@ -26,7 +26,24 @@ use crate::store::KeyStore;
 
 impl<S: KeyStore> Proxy<S> {
     /// Answers one request. Never fails: errors become problem responses.
-    pub async fn handle<B>(&self, req: Request<B>, peer: SocketAddr) -> Response<ProxyBody>
+    ///
+    /// The request is boxed before the future is made: each stage's future keeps its own
+    /// copy of what it was given for as long as it lives, and a request waiting on the
+    /// store (a thousand of them, under load) would otherwise carry several copies of its
+    /// head.
+    pub fn handle<B>(
+        &self,
+        req: Request<B>,
+        peer: SocketAddr,
+    ) -> impl Future<Output = Response<ProxyBody>> + Send + '_
+    where
+        B: Body<Data = Bytes> + Send + Sync + 'static,
+        B::Error: Into<BoxError>,
+    {
+        self.handle_boxed(Box::new(req), peer)
+    }
+
+    async fn handle_boxed<B>(&self, req: Box<Request<B>>, peer: SocketAddr) -> Response<ProxyBody>
     where
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
@@ -83,7 +100,7 @@ impl<S: KeyStore> Proxy<S> {
     /// with the result, for metrics.
     async fn handle_inner<B>(
         &self,
-        mut req: Request<B>,
+        mut req: Box<Request<B>>,
         peer: SocketAddr,
         log_uri: &mut Uri,
         marks: &mut Option<Marks>,
@@ -105,9 +122,8 @@ impl<S: KeyStore> Proxy<S> {
         let (route, uri) = match self.route(&req) {
             Ok(Some(routed)) => routed,
             Ok(None) => {
-                return self
-                    .pass_through(Arc::clone(&self.shared.unrouted), req, peer)
-                    .await;
+                let unrouted = Arc::clone(&self.shared.unrouted);
+                return Box::pin(self.pass_through(unrouted, req, peer)).await;
             }
             Err(e) => return (Arc::clone(&self.shared.unrouted), "rejected", Err(e)),
         };
@@ -127,7 +143,9 @@ impl<S: KeyStore> Proxy<S> {
                 };
                 return (Arc::clone(&route.name), "rejected", Err(err));
             }
-            Ok(None) => return self.pass_through(Arc::clone(&route.name), req, peer).await,
+            Ok(None) => {
+                return Box::pin(self.pass_through(Arc::clone(&route.name), req, peer)).await;
+            }
             Err((header, reason)) => {
                 let err = ProxyError::InvalidKey {
                     header: header.to_string(),
@@ -186,7 +204,8 @@ impl<S: KeyStore> Proxy<S> {
             }
             Protected::Unkeyed(req) => {
                 *marks = None;
-                self.pass_through(Arc::clone(&route.name), req, peer).await
+                let req = Box::new(req);
+                Box::pin(self.pass_through(Arc::clone(&route.name), req, peer)).await
             }
         }
     }
@@ -208,10 +227,14 @@ impl<S: KeyStore> Proxy<S> {
     }
 
     /// Forwards an unprotected request as it is, streaming both ways.
+    ///
+    /// Callers box it: the upstream exchange's state is large, and every request's future
+    /// (a keyed one waiting on the store included, for each of its client's connection)
+    /// would otherwise be as large as it.
     async fn pass_through<B>(
         &self,
         route: Arc<str>,
-        req: Request<B>,
+        req: Box<Request<B>>,
         peer: SocketAddr,
     ) -> (
         Arc<str>,
@@ -222,7 +245,7 @@ impl<S: KeyStore> Proxy<S> {
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
     {
-        let (parts, body) = req.into_parts();
+        let (parts, body) = (*req).into_parts();
         let forwarder = &self.shared.forwarder;
         let upstream_req = forwarder.upstream_request(parts, boxed(body), peer);
         let timeout = forwarder.upstream().timeout;
