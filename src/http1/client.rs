@@ -13,17 +13,16 @@ use std::io;
 use std::task::Poll;
 
 use bytes::Bytes;
-use http::header::{self, HeaderName, HeaderValue};
-use http::{HeaderMap, Method, Response, StatusCode, Version, request, response};
+use http::header::{self, HeaderValue};
+use http::{Method, Response, request, response};
 use http_body::Body;
 
-use super::decode::{BodyError, Decoder};
+use super::answer::{Answer, parse_head};
+use super::decode::Decoder;
 use super::encode::{head_capacity, push_fields, write_message};
 use super::io::{Io, Transport};
 use super::{BoxError, Framing};
 
-/// Fields an answer's head may carry at most.
-const MAX_FIELDS: usize = 100;
 /// Largest answer head.
 const MAX_HEAD: usize = 256 * 1024;
 
@@ -40,9 +39,9 @@ pub enum SendError {
 
 /// An upstream connection between exchanges.
 pub struct Connection {
-    io: Io,
+    pub(super) io: Io,
     /// Bytes read and not yet handed out (the rest of an answer's head or body).
-    pending: Vec<u8>,
+    pub(super) pending: Vec<u8>,
 }
 
 impl Connection {
@@ -85,11 +84,7 @@ impl Connection {
         if self.pending.capacity() > 0 && self.pending.is_empty() {
             self.pending = Vec::new();
         }
-        let answer = Answer {
-            decoder: Decoder::new(framing),
-            conn: Some(self),
-            reusable,
-        };
+        let answer = Answer::new(Decoder::new(framing), self, reusable);
         Ok(Response::from_parts(parts, answer))
     }
 
@@ -168,242 +163,11 @@ fn request_head<B: Body>(mut head: request::Parts, body: &B) -> (Vec<u8>, Framin
     (out, framing)
 }
 
-/// A final head: its parts, how its body is framed, and whether the connection can carry
-/// another request after it.
-type FinalHead = (response::Parts, Framing, bool);
-
-/// Parses an answer's head: how many bytes it took and the head (`None` for a `1xx`), or
-/// `Ok(None)` while it is incomplete.
-fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(usize, Option<FinalHead>)>, BoxError> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-    let mut resp = httparse::Response::new(&mut fields);
-    let len = match resp.parse(buf)? {
-        httparse::Status::Complete(len) => len,
-        httparse::Status::Partial => return Ok(None),
-    };
-    let (Some(code), Some(minor)) = (resp.code, resp.version) else {
-        return Err("incomplete status line".into());
-    };
-    let status = StatusCode::from_u16(code)?;
-    if status == StatusCode::SWITCHING_PROTOCOLS {
-        return Err("the upstream switched protocols, which the proxy never asks for".into());
-    }
-    if status.is_informational() {
-        return Ok(Some((len, None)));
-    }
-    let mut headers = HeaderMap::with_capacity(resp.headers.len());
-    for field in resp.headers.iter() {
-        headers.append(
-            HeaderName::from_bytes(field.name.as_bytes())?,
-            HeaderValue::from_bytes(field.value)?,
-        );
-    }
-    let version = if minor == 1 {
-        Version::HTTP_11
-    } else {
-        Version::HTTP_10
-    };
-    let framing = answer_framing(&headers, status, method)?;
-    let reusable = framing != Framing::UntilClose && keeps_alive(&headers, version);
-    let mut parts = Response::new(()).into_parts().0;
-    parts.status = status;
-    parts.version = version;
-    parts.headers = headers;
-    Ok(Some((len, Some((parts, framing, reusable)))))
-}
-
-/// How an answer's body is delimited (RFC 9112 §6.3).
-fn answer_framing(
-    headers: &HeaderMap,
-    status: StatusCode,
-    method: &Method,
-) -> Result<Framing, BoxError> {
-    if method == Method::HEAD
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
-        return Ok(Framing::Empty);
-    }
-    if let Some(last) = headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .rfind(|c| !c.is_empty())
-    {
-        return Ok(if last.eq_ignore_ascii_case("chunked") {
-            Framing::Chunked
-        } else {
-            Framing::UntilClose
-        });
-    }
-    let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|b| *b == b',') {
-            let n: u64 = std::str::from_utf8(part.trim_ascii())
-                .ok()
-                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|s| s.parse().ok())
-                .ok_or("invalid Content-Length in the answer")?;
-            if length.is_some_and(|seen| seen != n) {
-                return Err("differing Content-Length values in the answer".into());
-            }
-            length = Some(n);
-        }
-    }
-    Ok(match length {
-        Some(0) => Framing::Empty,
-        Some(n) => Framing::Length(n),
-        None => Framing::UntilClose,
-    })
-}
-
-fn keeps_alive(headers: &HeaderMap, version: Version) -> bool {
-    let tokens = || {
-        headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-            .map(<[u8]>::trim_ascii)
-    };
-    if tokens().any(|t| t.eq_ignore_ascii_case(b"close")) {
-        return false;
-    }
-    version == Version::HTTP_11 || tokens().any(|t| t.eq_ignore_ascii_case(b"keep-alive"))
-}
-
-/// An answer's body, read from its connection; the connection is given back by
-/// [`Answer::into_connection`] once the body has ended.
-pub struct Answer {
-    decoder: Decoder,
-    conn: Option<Connection>,
-    reusable: bool,
-}
-
-impl Answer {
-    /// The connection, if the body has ended and it can carry another request.
-    pub fn take_connection(&mut self) -> Option<Connection> {
-        if self.decoder == Decoder::Done && self.reusable {
-            self.conn.take()
-        } else {
-            None
-        }
-    }
-
-    /// The body has ended.
-    pub fn is_done(&self) -> bool {
-        self.decoder == Decoder::Done
-    }
-}
-
-impl Body for Answer {
-    type Data = Bytes;
-    type Error = BodyError;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BodyError>>> {
-        let this = &mut *self;
-        let Some(conn) = this.conn.as_mut() else {
-            return Poll::Ready(None);
-        };
-        loop {
-            match this.decoder.step(&mut conn.pending) {
-                Ok(Some(data)) => return Poll::Ready(Some(Ok(http_body::Frame::data(data)))),
-                Ok(None) if this.decoder == Decoder::Done => return Poll::Ready(None),
-                Ok(None) => {}
-                Err(e) => {
-                    this.conn = None;
-                    return Poll::Ready(Some(Err(e)));
-                }
-            }
-            let read = std::task::ready!(conn.io.poll_read_into(cx, &mut conn.pending));
-            let ended = match read {
-                Ok(0) => this.decoder.at_eof(),
-                Ok(_) => continue,
-                Err(e) => Err(BodyError::Io(e)),
-            };
-            if let Err(e) = ended {
-                this.conn = None;
-                return Poll::Ready(Some(Err(e)));
-            }
-            // The peer closed: the body ended with it, and so did the connection.
-            this.reusable = false;
-            return Poll::Ready(None);
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.decoder == Decoder::Done
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        match self.decoder.remaining() {
-            Some(n) => http_body::SizeHint::with_exact(n),
-            None => http_body::SizeHint::default(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-
-    fn head(text: &str, method: Method) -> FinalHead {
-        parse_head(text.as_bytes(), &method)
-            .unwrap()
-            .unwrap()
-            .1
-            .unwrap()
-    }
-
-    /// Each way an answer can be framed is read as RFC 9112 §6.3 says.
-    #[test]
-    fn answer_framing_follows_the_rfc() {
-        let (_, f, reuse) = head(
-            "HTTP/1.1 201 Created\r\ncontent-length: 5\r\n\r\n",
-            Method::POST,
-        );
-        assert_eq!((f, reuse), (Framing::Length(5), true));
-        let (_, f, reuse) = head(
-            "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
-            Method::GET,
-        );
-        assert_eq!((f, reuse), (Framing::Chunked, true));
-        let (_, f, reuse) = head("HTTP/1.1 200 OK\r\n\r\n", Method::GET);
-        assert_eq!((f, reuse), (Framing::UntilClose, false));
-        let (_, f, _) = head("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n", Method::HEAD);
-        assert_eq!(f, Framing::Empty);
-        let (_, f, _) = head("HTTP/1.1 204 No Content\r\n\r\n", Method::DELETE);
-        assert_eq!(f, Framing::Empty);
-        let (_, _, reuse) = head(
-            "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
-            Method::GET,
-        );
-        assert!(!reuse);
-        let (_, _, reuse) = head("HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n", Method::GET);
-        assert!(!reuse);
-        assert!(
-            parse_head(
-                b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
-                &Method::GET
-            )
-            .is_err()
-        );
-        assert!(parse_head(b"HTTP/1.1 101 Switching\r\n\r\n", &Method::GET).is_err());
-        assert!(matches!(
-            parse_head(b"HTTP/1.1 100 Continue\r\n\r\n", &Method::GET),
-            Ok(Some((_, None)))
-        ));
-        assert!(matches!(
-            parse_head(b"HTTP/1.1 200 OK\r\ncontent-le", &Method::GET),
-            Ok(None)
-        ));
-    }
 
     /// A request's framing comes from its body; bodiless GETs carry no length.
     #[test]

@@ -20,7 +20,8 @@ use tower_service::Service;
 
 use super::body::BoxError;
 use crate::http1::BodyError;
-use crate::http1::client::{Answer, Connection};
+use crate::http1::answer::Answer;
+use crate::http1::client::Connection;
 
 /// How long an unused upstream connection is kept.
 pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
