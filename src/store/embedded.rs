@@ -103,9 +103,13 @@ struct Inner {
 /// Calls on blocking-pool threads at once: one runs, the others are already waiting on
 /// the connection's lock, so it passes from one statement to the next without a round
 /// trip through the async runtime. Measured with 1,000 concurrent keyed requests: 1 turn
-/// loses a quarter of the throughput; 4 keep it, with 14 threads instead of ~950 and
-/// 71 MiB peak RSS instead of 98.
-const CALLS_AT_ONCE: usize = 4;
+/// loses a quarter of the throughput; 4 kept it, with 14 threads instead of ~950 and
+/// 71 MiB peak RSS instead of 98; 2 keep it as well since writes go in batches (group
+/// commit), with two fewer threads, each of which held a malloc arena of its own.
+const CALLS_AT_ONCE: usize = 2;
+
+/// SQLite's page cache (see `open`).
+const CACHE_KIB: i64 = 1024;
 
 /// Writes per transaction at most.
 const MAX_BATCH: usize = 256;
@@ -167,6 +171,10 @@ impl EmbeddedStore {
         // A deleted or rewritten answer is overwritten in the file, not left in free space:
         // a swept answer is gone, and one resealed by `rekey` leaves no clear copy behind.
         conn.pragma_update(None, "secure_delete", "ON")?;
+        // SQLite's page cache, in KiB (negative: a size, not a page count): the upper
+        // levels of the key index stay in it, and the rest of the file is in the OS's page
+        // cache anyway. Half SQLite's default of 2 MiB: measured, no slower.
+        conn.pragma_update(None, "cache_size", -CACHE_KIB)?;
         let version: i32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
         if version > SCHEMA_VERSION {
             return Err(StoreError::Corrupt(format!(
