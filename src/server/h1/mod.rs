@@ -87,41 +87,32 @@ pub(crate) async fn serve<S: KeyStore>(
     // Bytes read and not yet used: part of a head, or of the next request.
     let mut pending = Vec::new();
     loop {
-        let Some(head) = next_head(&io, &mut pending, limits, draining).await? else {
-            return Ok(());
-        };
-        let Head {
-            request,
-            framing,
-            keep_alive,
-            expect_continue,
-        } = match head {
-            Ok(head) => head,
-            Err(e) => {
-                refuse(&io, &e).await;
-                return Err(ConnError::Head(e));
-            }
-        };
-        let method = request.method().clone();
-        let version = request.version();
-        let (mut lent, request) = if framing == Framing::Empty {
-            (None, request.map(|()| None))
-        } else {
-            let (back, returned) = oneshot::channel();
-            let body = RequestBody::lend(
-                io.clone(),
-                std::mem::take(&mut pending),
-                framing,
-                expect_continue,
-                back,
-            );
-            (Some(returned), request.map(|()| Some(body)))
-        };
-        let request = request.map(OptionalBody);
+        // The head is consumed inside the match arm, so that the connection's state does
+        // not keep it while the request waits.
+        let (method, version, keep_alive, mut lent, handled) =
+            match next_head(&io, &mut pending, limits, draining).await? {
+                None => return Ok(()),
+                Some(Err(e)) => {
+                    refuse(&io, &e).await;
+                    return Err(ConnError::Head(e));
+                }
+                Some(Ok(head)) => {
+                    let method = head.request.method().clone();
+                    let version = head.request.version();
+                    let keep_alive = head.keep_alive;
+                    let (lent, request) = lend(head, &io, &mut pending);
+                    (
+                        method,
+                        version,
+                        keep_alive,
+                        lent,
+                        proxy.handle(request, peer),
+                    )
+                }
+            };
         // A body that came back before it ended, kept for `settle`.
         let mut parked = None;
         let answered = {
-            let handled = proxy.handle(request, peer);
             tokio::pin!(handled);
             // While the request is handled, the connection watches for the client hanging
             // up, but only once the body is back whole: until then the body reads.
@@ -171,6 +162,37 @@ pub(crate) async fn serve<S: KeyStore>(
             return Ok(());
         }
     }
+}
+
+/// The request to hand to the proxy, with its body lent when it has one, and where the
+/// body comes back. (A function of its own so the head is not kept in the connection's
+/// state while the request waits.)
+fn lend(
+    head: Head,
+    io: &Io,
+    pending: &mut Vec<u8>,
+) -> (
+    Option<oneshot::Receiver<Returned>>,
+    http::Request<OptionalBody>,
+) {
+    let Head {
+        request,
+        framing,
+        expect_continue,
+        ..
+    } = head;
+    if framing == Framing::Empty {
+        return (None, request.map(|()| OptionalBody(None)));
+    }
+    let (back, returned) = oneshot::channel();
+    let body = RequestBody::lend(
+        io.clone(),
+        std::mem::take(pending),
+        framing,
+        expect_continue,
+        back,
+    );
+    (Some(returned), request.map(|()| OptionalBody(Some(body))))
 }
 
 /// The lent body's return, once it comes (`None` if it was lost).
