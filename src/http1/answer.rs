@@ -11,6 +11,7 @@ use http_body::Body;
 
 use super::client::Connection;
 use super::decode::{BodyError, Decoder};
+use super::fields::{content_length, keeps_alive};
 use super::{BoxError, Framing};
 
 /// Fields an answer's head may carry at most.
@@ -89,39 +90,12 @@ fn answer_framing(
             Framing::UntilClose
         });
     }
-    let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|b| *b == b',') {
-            let n: u64 = std::str::from_utf8(part.trim_ascii())
-                .ok()
-                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|s| s.parse().ok())
-                .ok_or("invalid Content-Length in the answer")?;
-            if length.is_some_and(|seen| seen != n) {
-                return Err("differing Content-Length values in the answer".into());
-            }
-            length = Some(n);
-        }
-    }
+    let length = content_length(headers)?;
     Ok(match length {
         Some(0) => Framing::Empty,
         Some(n) => Framing::Length(n),
         None => Framing::UntilClose,
     })
-}
-
-fn keeps_alive(headers: &HeaderMap, version: Version) -> bool {
-    let tokens = || {
-        headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-            .map(<[u8]>::trim_ascii)
-    };
-    if tokens().any(|t| t.eq_ignore_ascii_case(b"close")) {
-        return false;
-    }
-    version == Version::HTTP_11 || tokens().any(|t| t.eq_ignore_ascii_case(b"keep-alive"))
 }
 
 /// An answer's body, read from its connection; the connection is given back by
@@ -199,10 +173,7 @@ impl Body for Answer {
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        match self.decoder.remaining() {
-            Some(n) => http_body::SizeHint::with_exact(n),
-            None => http_body::SizeHint::default(),
-        }
+        self.decoder.size_hint()
     }
 }
 

@@ -130,8 +130,16 @@ impl Decoder {
         }
     }
 
+    /// The body's size hint: exact when the bytes still to come are known.
+    pub fn size_hint(&self) -> http_body::SizeHint {
+        match self.remaining() {
+            Some(n) => http_body::SizeHint::with_exact(n),
+            None => http_body::SizeHint::default(),
+        }
+    }
+
     /// Bytes of the body known to be still to come.
-    pub fn remaining(&self) -> Option<u64> {
+    fn remaining(&self) -> Option<u64> {
         match self {
             Decoder::Length(n) => Some(*n),
             Decoder::Done => Some(0),

@@ -74,22 +74,6 @@ impl Io {
         Pin::new(&mut *self.lock()).poll_flush(cx)
     }
 
-    /// Writes all of `buf`.
-    pub async fn write_all(&self, mut buf: &[u8]) -> io::Result<()> {
-        while !buf.is_empty() {
-            let n = std::future::poll_fn(|cx| self.poll_write(cx, buf)).await?;
-            if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
-            }
-            buf = &buf[n..];
-        }
-        Ok(())
-    }
-
-    pub async fn flush(&self) -> io::Result<()> {
-        std::future::poll_fn(|cx| self.poll_flush(cx)).await
-    }
-
     /// Closes the write side (TLS: sends close_notify), so the client sees the end.
     pub async fn shutdown(&self) -> io::Result<()> {
         std::future::poll_fn(|cx| Pin::new(&mut *self.lock()).poll_shutdown(cx)).await

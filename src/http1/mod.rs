@@ -12,6 +12,7 @@ pub mod answer;
 pub mod client;
 pub mod decode;
 pub mod encode;
+pub mod fields;
 pub mod io;
 
 pub use decode::{BodyError, Decoder};

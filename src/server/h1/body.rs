@@ -134,10 +134,7 @@ impl Body for RequestBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.decoder.remaining() {
-            Some(n) => SizeHint::with_exact(n),
-            None => SizeHint::default(),
-        }
+        self.decoder.size_hint()
     }
 }
 

@@ -11,6 +11,7 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Uri, Version};
 
 use crate::http1::Framing;
+use crate::http1::fields::{content_length, keeps_alive};
 
 /// Header fields a head may carry at most (hyper's limit, which this server replaced).
 pub const MAX_HEADERS: usize = 100;
@@ -79,7 +80,7 @@ pub(super) fn parse(buf: &[u8], limit: usize) -> Result<Option<(Head, usize)>, H
         headers.append(name, value);
     }
     let framing = framing(&headers, version)?;
-    let keep_alive = keep_alive(&headers, version) && method != Method::CONNECT;
+    let keep_alive = keeps_alive(&headers, version) && method != Method::CONNECT;
     let expect_continue = version == Version::HTTP_11
         && headers
             .get(header::EXPECT)
@@ -100,7 +101,7 @@ pub(super) fn parse(buf: &[u8], limit: usize) -> Result<Option<(Head, usize)>, H
 
 /// The body's framing (RFC 9112 §6.3), refusing every ambiguous case.
 fn framing(headers: &HeaderMap, version: Version) -> Result<Framing, HeadError> {
-    let lengths = content_length(headers)?;
+    let lengths = content_length(headers).map_err(HeadError::malformed)?;
     let mut codings = Vec::new();
     for value in headers.get_all(header::TRANSFER_ENCODING) {
         let value = value
@@ -138,43 +139,6 @@ fn framing(headers: &HeaderMap, version: Version) -> Result<Framing, HeadError> 
         Some(0) | None => Framing::Empty,
         Some(n) => Framing::Length(n),
     })
-}
-
-/// The request's `Content-Length`: every line and list element must give the same
-/// number of decimal digits (RFC 9110 §8.6).
-fn content_length(headers: &HeaderMap) -> Result<Option<u64>, HeadError> {
-    let mut found = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|b| *b == b',') {
-            let part = part.trim_ascii();
-            let n = std::str::from_utf8(part)
-                .ok()
-                .filter(|s| !s.is_empty() && s.len() <= 19 && s.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|s| s.parse::<u64>().ok())
-                .ok_or_else(|| HeadError::malformed("invalid Content-Length"))?;
-            match found {
-                Some(seen) if seen != n => {
-                    return Err(HeadError::malformed("differing Content-Length values"));
-                }
-                _ => found = Some(n),
-            }
-        }
-    }
-    Ok(found)
-}
-
-/// Whether the client lets the connection carry another request (RFC 9112 §9.3).
-fn keep_alive(headers: &HeaderMap, version: Version) -> bool {
-    let mut close = false;
-    let mut keep = false;
-    for value in headers.get_all(header::CONNECTION) {
-        for token in value.as_bytes().split(|b| *b == b',') {
-            let token = token.trim_ascii();
-            close |= token.eq_ignore_ascii_case(b"close");
-            keep |= token.eq_ignore_ascii_case(b"keep-alive");
-        }
-    }
-    !close && (version == Version::HTTP_11 || keep)
 }
 
 #[cfg(test)]

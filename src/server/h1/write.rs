@@ -11,6 +11,7 @@ use http_body::Body;
 
 use crate::http1::Framing;
 use crate::http1::encode::{head_capacity, push_fields, write_message};
+use crate::http1::fields::{connection_says, content_length};
 use crate::http1::io::Io;
 use crate::proxy::body::ProxyBody;
 
@@ -54,7 +55,7 @@ fn frame(
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
-    let mut keep_alive = exchange.keep_alive && !closes(headers);
+    let mut keep_alive = exchange.keep_alive && !connection_says(headers, "close");
     headers.remove(header::TRANSFER_ENCODING);
     let framing = if bodiless {
         // HEAD and 304 keep the length the upstream gave; 204 and 1xx have none.
@@ -69,7 +70,7 @@ fn frame(
         } else {
             Framing::Length(n)
         }
-    } else if let Some(n) = declared_length(headers) {
+    } else if let Ok(Some(n)) = content_length(headers) {
         Framing::Length(n)
     } else if exchange.version == Version::HTTP_11 {
         headers.insert(
@@ -92,22 +93,6 @@ fn frame(
         headers.insert(header::DATE, date());
     }
     (framing, keep_alive)
-}
-
-/// The answer itself asks to close the connection.
-fn closes(headers: &HeaderMap) -> bool {
-    headers.get_all(header::CONNECTION).iter().any(|v| {
-        v.as_bytes()
-            .split(|b| *b == b',')
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
-    })
-}
-
-/// A `Content-Length` the answer's fields give (a streamed upstream body of known size).
-fn declared_length(headers: &HeaderMap) -> Option<u64> {
-    let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
-    let n = values.next()?.to_str().ok()?.trim().parse().ok()?;
-    values.next().is_none().then_some(n)
 }
 
 thread_local! {
