@@ -469,3 +469,23 @@ async fn upstream_framings_are_read_whole() {
         proxy.stop().await;
     }
 }
+
+/// An upstream that reads the request and closes without answering may have acted: the
+/// client gets `502 upstream-failed`, the key stays in progress (a retry gets `409`, not a
+/// second execution). Only a request of which not a byte was written counts as not sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_written_then_cut_off_keeps_its_key() {
+    let raw = RawUpstream::spawn("", true).await;
+    let db = Backend::embedded();
+    let yaml = PAYMENTS.replace("{upstream}", &format!("http://{}", raw.addr));
+    let placeholder = Upstream::spawn(Behavior::default()).await;
+    let proxy = TestProxy::spawn(&yaml, &placeholder, &db).await;
+    let client = TestClient::new(&proxy);
+    let first = client.post("/payments", "shop-1", "cut", BODY).await;
+    assert_eq!(first.status, 502, "{first:?}");
+    assert_eq!(first.json()["type"], "urn:idemproxy:problem:upstream-failed");
+    let retry = client.post("/payments", "shop-1", "cut", BODY).await;
+    assert_eq!(retry.status, 409, "{retry:?}");
+    assert_eq!(raw.requests.load(Ordering::SeqCst), 1);
+    proxy.stop().await;
+}
