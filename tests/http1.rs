@@ -483,7 +483,10 @@ async fn a_request_written_then_cut_off_keeps_its_key() {
     let client = TestClient::new(&proxy);
     let first = client.post("/payments", "shop-1", "cut", BODY).await;
     assert_eq!(first.status, 502, "{first:?}");
-    assert_eq!(first.json()["type"], "urn:idemproxy:problem:upstream-failed");
+    assert_eq!(
+        first.json()["type"],
+        "urn:idemproxy:problem:upstream-failed"
+    );
     let retry = client.post("/payments", "shop-1", "cut", BODY).await;
     assert_eq!(retry.status, 409, "{retry:?}");
     assert_eq!(raw.requests.load(Ordering::SeqCst), 1);
