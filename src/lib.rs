@@ -27,12 +27,13 @@
 //! - [`demo`]: the seed article's story, runnable (`idemproxy demo`, `idemproxy demo-provider`).
 
 pub mod admin;
+pub mod body;
 pub mod canonical;
 pub mod config;
 pub mod demo;
 pub mod fingerprint;
 pub mod http1;
-pub mod key_form;
+pub mod key;
 pub mod metrics;
 pub mod otlp;
 pub mod path;
@@ -43,6 +44,7 @@ pub mod route;
 pub mod server;
 pub mod shutdown;
 pub mod store;
+pub mod stored;
 pub mod sweep;
 pub mod tls;
 pub mod vault;

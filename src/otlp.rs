@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::config::Tracing;
+use crate::key::hex;
 
 /// Spans queued for export at most; past it, new spans are dropped (and counted).
 const QUEUE: usize = 8192;
@@ -209,10 +210,6 @@ fn decode_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
         *byte = u8::from_str_radix(&text[i * 2..i * 2 + 2], 16).ok()?;
     }
     Some(out)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn nanos(t: SystemTime) -> String {

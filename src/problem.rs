@@ -10,8 +10,8 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use serde::Serialize;
 
+use crate::body::{ProxyBody, full};
 use crate::fingerprint::BodyError;
-use crate::proxy::body::{ProxyBody, full};
 
 /// An RFC 9457 problem document.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -49,7 +49,7 @@ pub enum ProxyError {
     #[error("request body not received in time")]
     BodyTimeout,
     #[error("request body could not be read")]
-    BodyRead(#[source] crate::proxy::body::BoxError),
+    BodyRead(#[source] crate::body::BoxError),
     #[error(transparent)]
     Body(#[from] BodyError),
     #[error("key reused with a different request")]
@@ -63,9 +63,9 @@ pub enum ProxyError {
     #[error("store unavailable")]
     StoreUnavailable(#[source] crate::store::StoreError),
     #[error("upstream refused the connection")]
-    UpstreamUnreachable(#[source] crate::proxy::body::BoxError),
+    UpstreamUnreachable(#[source] crate::body::BoxError),
     #[error("upstream connection failed after the request was sent")]
-    UpstreamFailed(#[source] crate::proxy::body::BoxError),
+    UpstreamFailed(#[source] crate::body::BoxError),
     #[error("upstream timed out")]
     UpstreamTimeout,
     #[error("the stored answer cannot be decrypted: {0}")]
@@ -73,7 +73,7 @@ pub enum ProxyError {
     #[error("recovery probe inconclusive")]
     ProbeInconclusive { status: Option<u16> },
     #[error("request head larger than {limit} bytes")]
-    HeadTooLarge { limit: usize },
+    HeadTooLarge { limit: usize, fields: usize },
     #[error("malformed request: {0}")]
     MalformedHead(String),
     #[error("unsupported transfer coding `{0}`")]
@@ -244,10 +244,10 @@ impl ProxyError {
                 "Stored answer cannot be read",
                 "A request with this idempotency key was already executed, but the proxy cannot decrypt its stored answer, so it is neither replayed nor executed again. The operator has been told; retry later with the same key (not a new one: the operation has happened).".to_owned(),
             ),
-            ProxyError::HeadTooLarge { limit } => (
+            ProxyError::HeadTooLarge { limit, fields } => (
                 "head-too-large",
                 "Request head too large",
-                format!("The request line and header fields exceed {limit} bytes (or {} fields). Nothing was forwarded or reserved; send fewer or shorter header fields.", crate::server::MAX_HEADERS),
+                format!("The request line and header fields exceed {limit} bytes (or {fields} fields). Nothing was forwarded or reserved; send fewer or shorter header fields."),
             ),
             ProxyError::MalformedHead(reason) => (
                 "malformed-request",
@@ -412,7 +412,10 @@ mod tests {
             ProxyError::UpstreamTimeout,
             ProxyError::StoredAnswerUnreadable(crate::vault::Unreadable::MissingKey("k".into())),
             ProxyError::ProbeInconclusive { status: None },
-            ProxyError::HeadTooLarge { limit: 1 },
+            ProxyError::HeadTooLarge {
+                limit: 1,
+                fields: 1,
+            },
             ProxyError::MalformedHead("x".into()),
             ProxyError::UnsupportedCoding("gzip".into()),
             ProxyError::Internal,

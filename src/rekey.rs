@@ -75,7 +75,7 @@ pub async fn rekey<S: Reseal>(store: &S, vault: &Vault, batch: i64) -> Result<Re
                 Ok(clear) => clear,
                 Err(why) => {
                     tracing::warn!(
-                        key = %crate::proxy::key_hash(&row.client_id, &row.key),
+                        key = %crate::key::key_hash(&row.client_id, &row.key),
                         encryption_key = why.key_id(),
                         reason = why.reason(),
                         "rekey: a stored answer cannot be opened; left as it is"

@@ -67,7 +67,7 @@ async fn sweep_unresolved<S: KeyStore>(
         };
         for row in &deleted {
             tracing::warn!(
-                key = %crate::proxy::key_hash(&row.client_id, &row.key),
+                key = %crate::key::key_hash(&row.client_id, &row.key),
                 route = %row.route,
                 attempts = row.attempts,
                 "unresolved key deleted by sweep.unresolved_retention: its outcome was never known; a retry now executes afresh"

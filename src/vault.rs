@@ -28,7 +28,7 @@ use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use ring::hkdf::{HKDF_SHA256, Salt};
 use ring::rand::{SecureRandom, SystemRandom};
 
-use crate::store::{Seal, StoredResponse};
+use crate::stored::{Seal, StoredResponse};
 
 /// Bytes of a ring key (AES-256).
 pub const KEY_BYTES: usize = 32;

@@ -122,8 +122,8 @@ async fn hashed_keys_replay_and_admin_lookups_work(db: Backend) {
 async fn a_takeover_of_a_hashed_key_sends_the_clear_derived_key(db: Backend) {
     let dir = TempDir::new("hashed-takeover");
     let (ring, hash) = (key_file(&dir, "ring", 1), key_file(&dir, "hash", 2));
-    let stored = idemproxy::key_form::KeyForm::hashed(&key_material(&hash))
-        .stored("shop-1", ORDER.to_owned());
+    let stored =
+        idemproxy::key::KeyForm::hashed(&key_material(&hash)).stored("shop-1", ORDER.to_owned());
     crashed_reservation(&db, "shop-1", &stored).await;
     let upstream = Upstream::spawn(Behavior::default()).await;
     let proxy = TestProxy::spawn(&config(&ring, Some(&hash)), &upstream, &db).await;
@@ -165,8 +165,8 @@ async fn a_takeover_of_a_hashed_key_sends_the_clear_derived_key(db: Backend) {
 async fn the_store_keeps_its_key_form(db: Backend) {
     let store = db.store();
     let dir = TempDir::new("key-form");
-    let hashed = idemproxy::key_form::KeyForm::hashed(&key_material(&key_file(&dir, "h", 2)));
-    let other = idemproxy::key_form::KeyForm::hashed(&key_material(&key_file(&dir, "o", 3)));
+    let hashed = idemproxy::key::KeyForm::hashed(&key_material(&key_file(&dir, "h", 2)));
+    let other = idemproxy::key::KeyForm::hashed(&key_material(&key_file(&dir, "o", 3)));
     let settle = async |marker: &str| store.settle_key_form(marker).await.unwrap();
     assert_eq!(settle("clear").await, KeyFormAgreement::Agreed);
     // Empty: the form may change.
@@ -438,7 +438,7 @@ async fn keyed_requests_wait_for_the_key_form_when_the_store_was_down_at_start()
     assert_eq!(upstream.executions(), 1);
     // Log lines name the key by the hash of what the client sent, as without hash_keys,
     // so an operator still finds a customer's lines from their key.
-    let logged = idemproxy::proxy::key_hash("shop-1", ORDER);
+    let logged = idemproxy::key::key_hash("shop-1", ORDER);
     assert!(proxy.log_text().contains(&logged), "{}", proxy.log_text());
     drop(proxy);
 

@@ -578,7 +578,7 @@ async fn request_log_lines(db: Backend) {
             .map(|b| format!("{b:02x}"))
             .collect()
     };
-    assert_eq!(recipe, idemproxy::proxy::key_hash("shop-1", "log-1"));
+    assert_eq!(recipe, idemproxy::key::key_hash("shop-1", "log-1"));
     let logged = eventually(Duration::from_secs(5), || async {
         let log = proxy.log_text();
         let protected = log.lines().any(|l| {
@@ -621,7 +621,7 @@ async fn json_log_lines(db: Backend) {
     .await;
     assert!(started.is_some(), "{}", proxy.log_text());
     drop(raw);
-    let hash = idemproxy::proxy::key_hash("shop-1", "left");
+    let hash = idemproxy::key::key_hash("shop-1", "left");
     let line = eventually(Duration::from_secs(10), || async {
         proxy.log_text().lines().find_map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).ok()?;

@@ -3,11 +3,12 @@
 #![allow(clippy::unwrap_used)]
 
 use http::{HeaderMap, HeaderName, HeaderValue};
+use idemproxy::config::Lookup;
 use idemproxy::config::{Overrides, load_str};
 use idemproxy::fingerprint::{self, fingerprint};
 use idemproxy::path::normalize;
 use idemproxy::proxy::{body_key, decode_stored, parse_key};
-use idemproxy::route::{Lookup, PathPattern};
+use idemproxy::route::PathPattern;
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -197,7 +198,7 @@ fn respell(normal: &str, seed: u64) -> String {
 /// The fingerprint of a `POST` on `path` as the proxy computes it: normalised and looked
 /// up in the route table first, then fingerprinted on the path the route yields.
 fn fp_on_path(
-    routes: &idemproxy::route::RouteTable,
+    routes: &idemproxy::config::RouteTable,
     path: &str,
 ) -> Option<fingerprint::Fingerprint> {
     let Lookup::Route(_, routed) = routes.resolve(&http::Method::POST, path) else {

@@ -29,9 +29,9 @@ use hyper_util::server::conn::auto;
 use serde::Serialize;
 use tokio::net::TcpListener;
 
+use crate::body::{ProxyBody, full};
 use crate::problem::Problem;
 use crate::proxy::Proxy;
-use crate::proxy::body::{ProxyBody, full};
 use crate::store::{KeyStore, Reseal, StoreError};
 
 mod rekey;
@@ -255,7 +255,7 @@ async fn admin<S: KeyStore + Reseal>(
         );
     };
     // Log lines name the clear key's hash, as the request path's do.
-    let logged = crate::proxy::key_hash(&client, &key);
+    let logged = crate::key::key_hash(&client, &key);
     let key = resolve::stored_key(proxy, &client, key).await;
     match *method {
         Method::GET => match store.lookup(&client, &key).await {

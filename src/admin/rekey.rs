@@ -5,8 +5,8 @@
 use http::{Response, StatusCode};
 
 use super::{json, problem, store_failed};
+use crate::body::ProxyBody;
 use crate::proxy::Proxy;
-use crate::proxy::body::ProxyBody;
 use crate::rekey::{DEFAULT_BATCH, rekey};
 use crate::store::{KeyStore, Reseal};
 

@@ -19,10 +19,11 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::{json, problem, store_failed};
+use crate::body::ProxyBody;
 use crate::config::DEFAULT_RETENTION;
-use crate::proxy::body::ProxyBody;
+use crate::key::hex;
+use crate::proxy::Proxy;
 use crate::proxy::encode_block;
-use crate::proxy::{Proxy, hex};
 use crate::store::{Completion, Fence, Fenced, KeyStore, StoredResponse};
 
 /// Largest resolution body accepted.
@@ -82,7 +83,7 @@ pub(super) async fn request<S: KeyStore>(
         }
     };
     // The audit line names the key by its hash as the client sent it, as every line does.
-    let logged = crate::proxy::key_hash(&client, &key);
+    let logged = crate::key::key_hash(&client, &key);
     let key = stored_key(proxy, &client, key).await;
     resolve(proxy, &client, &key, &logged, &body, &who).await
 }
@@ -96,7 +97,7 @@ pub(super) async fn stored_key<S: KeyStore>(proxy: &Proxy<S>, client: &str, key:
         return key;
     }
     let hashed = form.stored(client, key.clone());
-    if crate::key_form::KeyForm::looks_stored(&key)
+    if crate::key::KeyForm::looks_stored(&key)
         && !matches!(proxy.store().lookup(client, &hashed).await, Ok(Some(_)))
     {
         return key;

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::proxy::hex;
+use crate::key::hex;
 use crate::store::KeyRecord;
 
 /// A key as the admin API shows it.

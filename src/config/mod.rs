@@ -9,6 +9,7 @@ mod load;
 mod model;
 mod policy;
 mod print;
+mod table;
 pub mod units;
 mod wording;
 
@@ -17,3 +18,4 @@ pub use build::Overrides;
 pub use load::{ConfigError, load, load_store, load_str, parse_file};
 pub use model::*;
 pub use policy::*;
+pub use table::{Lookup, RouteTable};

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use http::{HeaderName, Method};
 
-use crate::route::RouteTable;
+use super::RouteTable;
 
 /// Default proxy listener.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -143,7 +143,7 @@ pub struct RingKey {
 
 impl Config {
     /// How idempotency keys are stored: hashed with `encryption.hash_key`, or as sent.
-    pub fn key_form(&self) -> crate::key_form::KeyForm {
+    pub fn key_form(&self) -> crate::key::KeyForm {
         self.encryption
             .as_ref()
             .map(Encryption::key_form)
@@ -161,10 +161,10 @@ impl Encryption {
     }
 
     /// How idempotency keys are stored.
-    pub fn key_form(&self) -> crate::key_form::KeyForm {
+    pub fn key_form(&self) -> crate::key::KeyForm {
         match &self.hash_key {
-            Some(k) => crate::key_form::KeyForm::hashed(&k.material),
-            None => crate::key_form::KeyForm::clear(),
+            Some(k) => crate::key::KeyForm::hashed(&k.material),
+            None => crate::key::KeyForm::clear(),
         }
     }
 }

@@ -24,7 +24,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
-use crate::proxy::body::{ProxyBody, full};
+use crate::body::{ProxyBody, full};
 
 /// How long a charge takes, as in the seed.
 pub const CHARGE_TIME: Duration = Duration::from_millis(300);

@@ -9,10 +9,11 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Response, StatusCode, Version, response};
 use http_body::Body;
 
+use super::Framing;
 use super::client::Connection;
 use super::decode::{BodyError, Decoder};
 use super::fields::{content_length, keeps_alive};
-use super::{BoxError, Framing};
+use crate::body::BoxError;
 
 /// Fields an answer's head may carry at most.
 const MAX_FIELDS: usize = 100;

@@ -17,11 +17,12 @@ use http::header::{self, HeaderValue};
 use http::{Method, Response, request, response};
 use http_body::Body;
 
+use super::Framing;
 use super::answer::{Answer, parse_head};
 use super::decode::Decoder;
 use super::encode::{head_capacity, push_fields, write_message};
 use super::io::{Io, Transport};
-use super::{BoxError, Framing};
+use crate::body::BoxError;
 
 /// Largest answer head.
 const MAX_HEAD: usize = 256 * 1024;

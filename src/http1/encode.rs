@@ -12,8 +12,9 @@ use bytes::Bytes;
 use http::HeaderMap;
 use http_body::Body;
 
+use super::Framing;
 use super::io::Io;
-use super::{BoxError, Framing};
+use crate::body::BoxError;
 
 /// A body's data at most copied beside the head (or earlier data) into one write.
 const COALESCE: usize = 16 * 1024;

@@ -17,9 +17,6 @@ pub mod io;
 
 pub use decode::{BodyError, Decoder};
 
-/// Errors crossing body boundaries.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
 /// How a message's body is delimited (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Framing {

@@ -15,15 +15,15 @@ use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep, sleep_until};
 
-use super::body::{Prefixed, ProxyBody, boxed, full};
 use super::headers::{client_head, decode_stored, encode_stored};
 pub(crate) use super::job::{Answer, Job, Outcome};
-use super::key::derived_key;
 use super::lease::{Finish, Holder, fence_for};
 use super::rewrite::set_key;
 use super::state::{Shared, error_chain};
 use super::upstream::{Probe, Upstream, ask_probe, call_upstream};
+use crate::body::{Prefixed, ProxyBody, boxed, full};
 use crate::config::{Ambiguous, OnConflict, Policy, Takeover};
+use crate::key::derived_key;
 use crate::metrics::Metrics;
 use crate::otlp::{Kind, Timer};
 use crate::problem::ProxyError;
@@ -97,7 +97,7 @@ fn answer_unreserved(
         Ok(Reservation::Unresolved { attempts }) => {
             tracing::warn!(
                 route = %job.route.name,
-                key = %super::key_hash(&job.client_id, job.clear_key()),
+                key = %crate::key::key_hash(&job.client_id, job.clear_key()),
                 attempts,
                 "a retry of an unresolved key was refused (takeover: never): the operation may or may not have happened; resolve it with POST /admin/keys/{{client_id}}/{{key}}/resolve or evict it"
             );

@@ -28,9 +28,9 @@ use http::{HeaderValue, Request, Response, Uri, header, request};
 use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::connect::HttpConnector;
 
-use super::body::{BoxError, ProxyBody};
 use super::headers::{set_forwarded, strip_hop_by_hop};
 use super::pool::{Pool, UpstreamBody};
+use crate::body::{BoxError, ProxyBody};
 use crate::config::UpstreamConfig;
 use crate::http1::client::SendError;
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Response, request};
 
-use super::body::ProxyBody;
+use crate::body::ProxyBody;
 use crate::config::Route;
 use crate::fingerprint::Fingerprint;
 use crate::otlp::Trace;

@@ -7,17 +7,13 @@ use http::{HeaderMap, HeaderName, header};
 use sha2::{Digest, Sha256};
 
 use crate::config::ClientIdSource;
+use crate::key::{hex, is_visible_ascii};
 use crate::problem::ProxyError;
 
 /// Longest accepted key, after unquoting.
 pub const MAX_KEY_LEN: usize = 255;
 /// Longest accepted client identity from a header.
 pub const MAX_CLIENT_ID_LEN: usize = 255;
-
-/// Whether every character is printable ASCII (space to `~`).
-pub fn is_visible_ascii(s: &str) -> bool {
-    s.bytes().all(|b| (0x20..=0x7e).contains(&b))
-}
 
 /// Reads the key: `None` when absent, an error reason when present but unusable.
 ///
@@ -162,20 +158,10 @@ pub fn scoped_key(route: &str, key: &str, scope: crate::config::KeyScope) -> Str
         crate::config::KeyScope::Client => key.to_owned(),
         crate::config::KeyScope::ClientAndRoute => {
             let mut out = String::with_capacity(route.len() + key.len() + 1);
-            push_escaped(&mut out, route);
+            crate::key::push_escaped(&mut out, route);
             out.push(':');
             out.push_str(key);
             out
-        }
-    }
-}
-
-fn push_escaped(out: &mut String, text: &str) {
-    for c in text.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            ':' => out.push_str("%3A"),
-            c => out.push(c),
         }
     }
 }
@@ -248,15 +234,6 @@ pub fn client_id(headers: &HeaderMap, source: &ClientIdSource) -> Result<String,
     }
 }
 
-/// The short hash that names a `(client_id, key)` in every log line: the first 12 hex
-/// characters of its [`key_id`](crate::store::key_id) (SHA-256 over the client id's length
-/// as 8 big-endian bytes, the client id, and the key — the stored key, so `route:key` under
-/// `key_scope: client_and_route`). An operator computes it from a customer's client id
-/// and key to find their lines (docs/operations.md, Logs).
-pub fn key_hash(client_id: &str, key: &str) -> String {
-    hex(&crate::store::key_id(client_id, key)[..6])
-}
-
 /// The derived key in the route's form, `None` when it is the plain one (which is not
 /// stored: a row without a derived key is plain).
 pub fn formatted_derived_key(
@@ -265,34 +242,14 @@ pub fn formatted_derived_key(
     form: crate::config::DerivedKey,
 ) -> Option<String> {
     use crate::config::DerivedKey;
-    let plain = derived_key(client_id, key);
+    let plain = crate::key::derived_key(client_id, key);
     match form {
         DerivedKey::Plain => None,
         DerivedKey::MaxLength(n) if plain.len() <= n => None,
         DerivedKey::Sha256 | DerivedKey::MaxLength(_) => {
-            Some(hex(&Sha256::digest(plain.as_bytes())))
+            Some(crate::key::hex(&Sha256::digest(plain.as_bytes())))
         }
     }
-}
-
-/// The key sent upstream: `client_id:key`, with `%` and `:` in the client id percent-encoded
-/// so that no two `(client_id, key)` pairs can produce the same derived key.
-pub fn derived_key(client_id: &str, key: &str) -> String {
-    let mut out = String::with_capacity(client_id.len() + key.len() + 1);
-    push_escaped(&mut out, client_id);
-    out.push(':');
-    out.push_str(key);
-    out
-}
-
-/// Lowercase hex.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
 }
 
 #[cfg(test)]
@@ -336,14 +293,6 @@ mod tests {
         }
         assert!(key(&[&[b'k'; 255]]).is_ok());
         assert!(key(&[b"a", b"a"]).is_err());
-    }
-
-    /// Client ids containing `:` cannot collide in the derived key.
-    #[test]
-    fn derived_keys_do_not_collide() {
-        assert_eq!(derived_key("shop-1", "order-1"), "shop-1:order-1");
-        assert_ne!(derived_key("a:b", "c"), derived_key("a", "b:c"));
-        assert_ne!(derived_key("a%3Ab", "c"), derived_key("a:b", "c"));
     }
 
     /// Each source yields the right identity or the right error status.

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::config::Config;
-use crate::route::RouteTable;
+use crate::config::RouteTable;
 
 /// The route table in force, shared by every server thread.
 pub(crate) struct LiveRoutes(RwLock<Arc<RouteTable>>);

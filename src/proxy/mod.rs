@@ -1,6 +1,5 @@
 //! The request path: route lookup, pass-through, and the idempotency state machine.
 
-pub mod body;
 mod execute;
 mod forward;
 mod headers;
@@ -19,7 +18,7 @@ mod upstream;
 
 pub use forward::{ForwardError, Forwarder};
 pub use headers::{decode_stored, encode_block, encode_stored};
-pub use key::{body_key, derived_key, hex, is_visible_ascii, key_hash, parse_key};
+pub use key::{body_key, parse_key};
 pub use live::Reloaded;
 pub use pool::UpstreamBody;
 pub use reconcile::{Reconciled, UNRESOLVED_COUNT_INTERVAL};

@@ -91,7 +91,7 @@ impl<S: KeyStore> Observed<'_, S> {
                 Metrics::count_route(&self.metrics.unreadable, self.route);
                 tracing::error!(
                     route = %self.route,
-                    key = %super::key_hash(req.client_id, clear_key),
+                    key = %crate::key::key_hash(req.client_id, clear_key),
                     encryption_key = why.key_id(),
                     reason = why.reason(),
                     "a stored answer cannot be decrypted: {why}; the retry gets 500 and nothing is executed again (put the key back in encryption.keys, or resolve the key by hand)"

@@ -18,7 +18,7 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tower_service::Service;
 
-use super::body::BoxError;
+use crate::body::BoxError;
 use crate::http1::BodyError;
 use crate::http1::answer::Answer;
 use crate::http1::client::Connection;

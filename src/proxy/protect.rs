@@ -16,16 +16,15 @@ use http_body_util::Full;
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
-use super::body::{BoxError, CollectError, ProxyBody, collect_limited};
 use super::execute::{Job, Outcome, run};
 use super::headers::detach_headers;
-use super::key::{
-    body_key, client_id, derived_key, formatted_derived_key, hex, key_hash, scoped_key,
-};
+use super::key::{body_key, client_id, formatted_derived_key, scoped_key};
 use super::rewrite::set_key;
 use super::state::Shared;
+use crate::body::{BoxError, CollectError, ProxyBody, collect_limited};
 use crate::config::Route;
 use crate::fingerprint::{self, fingerprint};
+use crate::key::{derived_key, hex, key_hash};
 use crate::otlp::Trace;
 use crate::problem::ProxyError;
 use crate::store::KeyStore;

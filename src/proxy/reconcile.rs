@@ -18,11 +18,11 @@ use http::HeaderValue;
 use tokio::sync::{Semaphore, oneshot};
 
 use super::execute::conclude;
-use super::key::derived_key;
 use super::lease::{Finish, Holder, fence_for};
 use super::state::{Proxy, Shared};
 use super::upstream::{Probe, ask_probe};
 use crate::config::{Reconcile, Route};
+use crate::key::derived_key;
 use crate::metrics::{RouteName, RouteOutcome};
 use crate::store::{Claim, KeyStore, StoreError};
 
@@ -86,7 +86,7 @@ impl<S: KeyStore> Proxy<S> {
             let route = probed.iter().find(|r| *r.name == claim.record.route)?;
             let span = tracing::warn_span!(
                 "key",
-                key = %super::key_hash(&claim.record.client_id, &claim.record.key),
+                key = %crate::key::key_hash(&claim.record.client_id, &claim.record.key),
                 route = %route.name
             );
             Some(tracing::Instrument::instrument(
@@ -155,7 +155,7 @@ async fn settle<S: KeyStore>(
 ) -> Said {
     let policy = &route.policy;
     let record = claim.record;
-    let key_hash = super::key_hash(&record.client_id, &record.key);
+    let key_hash = crate::key::key_hash(&record.client_id, &record.key);
     let fence = fence_for(policy, record.client_id, record.key, record.lease_token);
     let store = shared.observed(&route.name);
     let mut holder = Holder::new(store, fence.clone(), policy.lease);

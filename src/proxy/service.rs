@@ -10,18 +10,18 @@ use bytes::Bytes;
 use http::{Request, Response, Uri};
 use http_body::Body;
 
-use super::body::{BoxError, ProxyBody, boxed};
 use super::forward::ForwardError;
 use super::headers::client_head;
 use super::key::{parse_keys, scoped_key};
 use super::protect::{self, Protected};
 use super::state::{Proxy, error_chain};
+use crate::body::{BoxError, ProxyBody, boxed};
+use crate::config::Lookup;
 use crate::config::{EchoKey, Route};
 use crate::metrics::KindLabel;
 use crate::otlp::{Kind, Trace};
 use crate::path::PathError;
 use crate::problem::ProxyError;
-use crate::route::Lookup;
 use crate::store::KeyStore;
 
 impl<S: KeyStore> Proxy<S> {

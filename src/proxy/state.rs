@@ -12,7 +12,7 @@ use super::forward::Forwarder;
 use super::live::{LiveRoutes, Reloaded, fixed_changes};
 use super::observe::{KeyFormHold, Observed};
 use crate::config::Config;
-use crate::key_form::KeyForm;
+use crate::key::KeyForm;
 use crate::metrics::Metrics;
 use crate::otlp::Tracer;
 use crate::store::KeyStore;
@@ -142,7 +142,7 @@ impl<S: KeyStore> Proxy<S> {
     }
 
     /// The route table new requests are routed by (the configuration's, or a reload's).
-    pub fn routes(&self) -> Arc<crate::route::RouteTable> {
+    pub fn routes(&self) -> Arc<crate::config::RouteTable> {
         self.shared.routes.current()
     }
 

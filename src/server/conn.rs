@@ -134,10 +134,9 @@ pub(super) fn service<S: KeyStore>(
     peer: SocketAddr,
 ) -> impl hyper::service::Service<
     http::Request<Incoming>,
-    Response = http::Response<crate::proxy::body::ProxyBody>,
+    Response = http::Response<crate::body::ProxyBody>,
     Error = Infallible,
-    Future = impl Future<Output = Result<http::Response<crate::proxy::body::ProxyBody>, Infallible>>
-             + Send,
+    Future = impl Future<Output = Result<http::Response<crate::body::ProxyBody>, Infallible>> + Send,
 > + Clone {
     service_fn(move |req: http::Request<Incoming>| {
         let proxy = proxy.clone();

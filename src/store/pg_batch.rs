@@ -60,7 +60,7 @@ impl PgStore {
         self.with_client(|client| async move {
             // Hashed only when someone may be waiting; otherwise the statement skips NOTIFY.
             let payload = if fence.notify {
-                crate::proxy::hex(&fence.key_id())
+                crate::key::hex(&fence.key_id())
             } else {
                 String::new()
             };
@@ -200,7 +200,7 @@ impl PgStore {
             notify.push(
                 fence
                     .filter(|f| f.notify)
-                    .map(|f| crate::proxy::hex(&f.key_id())),
+                    .map(|f| crate::key::hex(&f.key_id())),
             );
             let columns = completion.map(completion_columns);
             status.push(columns.map(|c| c.0));

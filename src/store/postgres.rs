@@ -310,7 +310,7 @@ impl KeyStore for PgStore {
         let id = key_id(client_id, key);
         let existed = self
             .with_client(|client| async move {
-                let payload = crate::proxy::hex(&id);
+                let payload = crate::key::hex(&id);
                 let params: [Param<'_>; 3] = [
                     (&client_id, Type::TEXT),
                     (&key, Type::TEXT),

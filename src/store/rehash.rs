@@ -18,7 +18,7 @@ use super::any::AnyStore;
 use super::reseal::{StoredRow, row};
 use super::types::{StoreError, StoredResponse};
 use super::{EmbeddedStore, PgStore};
-use crate::key_form::KeyForm;
+use crate::key::KeyForm;
 use crate::vault::Vault;
 
 /// What a rehash did.

@@ -7,20 +7,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
-/// Identifies a `(client_id, key)` in notifications without carrying either in clear.
-pub type KeyId = [u8; 32];
-
-/// SHA-256 over the client id and the key, separated so that no two pairs collide.
-pub fn key_id(client_id: &str, key: &str) -> KeyId {
-    let mut h = Sha256::new();
-    h.update((client_id.len() as u64).to_be_bytes());
-    h.update(client_id.as_bytes());
-    h.update(key.as_bytes());
-    h.finalize().into()
-}
+pub use crate::key::{KeyId, key_id};
 
 /// The keys someone in this process waits on.
 #[derive(Default)]

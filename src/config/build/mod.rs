@@ -18,7 +18,8 @@ use http::{HeaderName, Method};
 use super::file::FileConfig;
 use super::model::*;
 use super::policy::*;
-use crate::route::{PathPattern, RouteTable};
+use crate::config::RouteTable;
+use crate::route::PathPattern;
 use background::{build_reconcile, build_sweep, build_tracing};
 use encryption::build_encryption;
 use policy::merge_policy;
@@ -305,7 +306,7 @@ fn build_client_id(p: &mut Problems, file: &FileConfig) -> Option<ClientIdSource
         return Some(ClientIdSource::AuthorizationSha256);
     }
     let name = c.static_name.clone().unwrap_or_default();
-    if name.is_empty() || !crate::proxy::is_visible_ascii(&name) {
+    if name.is_empty() || !crate::key::is_visible_ascii(&name) {
         p.push(
             "client_id.static",
             "must be a non-empty printable ASCII name",

@@ -304,7 +304,10 @@ fn settle(returned: Option<Returned>, pending: &mut Vec<u8>) -> bool {
 /// Answers a head that cannot be served, as a problem document, before closing.
 async fn refuse(io: &Io, e: &HeadError) {
     let err = match e {
-        HeadError::TooLarge { limit } => ProxyError::HeadTooLarge { limit: *limit },
+        HeadError::TooLarge { limit } => ProxyError::HeadTooLarge {
+            limit: *limit,
+            fields: MAX_HEADERS,
+        },
         HeadError::Malformed(reason) => ProxyError::MalformedHead(reason.clone()),
         HeadError::UnsupportedCoding(coding) => ProxyError::UnsupportedCoding(coding.clone()),
     };

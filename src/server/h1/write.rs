@@ -9,11 +9,11 @@ use http::header::{self, HeaderValue};
 use http::{HeaderMap, Method, Response, StatusCode, Version};
 use http_body::Body;
 
+use crate::body::ProxyBody;
 use crate::http1::Framing;
 use crate::http1::encode::{head_capacity, push_fields, write_message};
 use crate::http1::fields::{connection_says, content_length};
 use crate::http1::io::Io;
-use crate::proxy::body::ProxyBody;
 
 /// What the request asked of the answer's framing.
 pub(super) struct Exchange<'a> {
@@ -119,7 +119,7 @@ fn date() -> HeaderValue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::body::{empty, full};
+    use crate::body::{empty, full};
 
     fn framed(
         status: u16,

@@ -50,7 +50,7 @@ impl KeyForm {
         let hasher = hmac::Key::new(hmac::HMAC_SHA256, &secret.0);
         // Names the secret without revealing it: a different secret, a different marker.
         let check = hmac::sign(&hasher, b"idemproxy/key-form-verifier");
-        let marker = format!("hmac-sha256:{}", crate::proxy::hex(&check.as_ref()[..8]));
+        let marker = format!("hmac-sha256:{}", super::hex(&check.as_ref()[..8]));
         Self {
             hasher: Some(hasher),
             marker,
@@ -86,7 +86,7 @@ impl KeyForm {
         ctx.update(&(client_id.len() as u64).to_be_bytes());
         ctx.update(client_id.as_bytes());
         ctx.update(key.as_bytes());
-        format!("{HASHED_PREFIX}{}", crate::proxy::hex(ctx.sign().as_ref()))
+        format!("{HASHED_PREFIX}{}", super::hex(ctx.sign().as_ref()))
     }
 }
 

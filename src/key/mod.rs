@@ -1,0 +1,83 @@
+//! The idempotency key's identities, in one leaf module every layer may use: the id that
+//! names a `(client_id, key)` in notifications and caches, the short hash that names it in
+//! logs, the derived key sent upstream, and the form keys are stored in ([`form`]).
+//!
+//! Why a leaf: the store, the request path, the configuration and the admin API all name
+//! keys the same way, and none of them should have to reach into another to do it.
+
+use sha2::{Digest, Sha256};
+
+pub mod form;
+
+pub use form::KeyForm;
+
+/// Whether every character is printable ASCII (space to `~`).
+pub fn is_visible_ascii(s: &str) -> bool {
+    s.bytes().all(|b| (0x20..=0x7e).contains(&b))
+}
+
+/// Identifies a `(client_id, key)` in notifications without carrying either in clear.
+pub type KeyId = [u8; 32];
+
+/// SHA-256 over the client id and the key, separated so that no two pairs collide.
+pub fn key_id(client_id: &str, key: &str) -> KeyId {
+    let mut h = Sha256::new();
+    h.update((client_id.len() as u64).to_be_bytes());
+    h.update(client_id.as_bytes());
+    h.update(key.as_bytes());
+    h.finalize().into()
+}
+
+/// The short hash that names a `(client_id, key)` in every log line: the first 12 hex
+/// characters of its [`key_id`] (SHA-256 over the client id's length
+/// as 8 big-endian bytes, the client id, and the key — the stored key, so `route:key` under
+/// `key_scope: client_and_route`). An operator computes it from a customer's client id
+/// and key to find their lines (docs/operations.md, Logs).
+pub fn key_hash(client_id: &str, key: &str) -> String {
+    hex(&key_id(client_id, key)[..6])
+}
+
+/// The key sent upstream: `client_id:key`, with `%` and `:` in the client id percent-encoded
+/// so that no two `(client_id, key)` pairs can produce the same derived key.
+pub fn derived_key(client_id: &str, key: &str) -> String {
+    let mut out = String::with_capacity(client_id.len() + key.len() + 1);
+    push_escaped(&mut out, client_id);
+    out.push(':');
+    out.push_str(key);
+    out
+}
+
+/// Lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// Appends `text` with `%` and `:` percent-encoded: how a client id or a route name is
+/// joined to a key with `:` so that no two pairs give the same string.
+pub fn push_escaped(out: &mut String, text: &str) {
+    for c in text.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            ':' => out.push_str("%3A"),
+            c => out.push(c),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Client ids containing `:` cannot collide in the derived key.
+    #[test]
+    fn derived_keys_do_not_collide() {
+        assert_eq!(derived_key("shop-1", "order-1"), "shop-1:order-1");
+        assert_ne!(derived_key("a:b", "c"), derived_key("a", "b:c"));
+        assert_ne!(derived_key("a%3Ab", "c"), derived_key("a:b", "c"));
+    }
+}
