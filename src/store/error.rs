@@ -18,7 +18,7 @@ pub enum StoreError {
     #[error("cannot connect to PostgreSQL at {target}: {}", describe(.cause))]
     Connect {
         target: Arc<str>,
-        cause: deadpool::managed::PoolError<super::pg_connect::ConnectError>,
+        cause: deadpool::managed::PoolError<super::postgres::ConnectError>,
     },
     #[error("store call timed out after {0:?}")]
     Timeout(Duration),
@@ -41,7 +41,7 @@ pub enum StoreError {
 
 impl StoreError {
     /// Whether a TLS handshake with the server failed (see
-    /// [`super::pg_tls::HandshakeFailed`]): a certificate to fix, not an outage to wait out.
+    /// [`super::postgres::HandshakeFailed`]): a certificate to fix, not an outage to wait out.
     pub fn is_tls(&self) -> bool {
         match self {
             StoreError::Shared(e) => e.is_tls(),
@@ -123,13 +123,13 @@ fn server_cannot_serve(code: &str) -> bool {
 fn chain_has_handshake(e: &(dyn Error + 'static)) -> bool {
     let mut next: Option<&(dyn Error + 'static)> = Some(e);
     while let Some(e) = next {
-        if e.is::<super::pg_tls::HandshakeFailed>() {
+        if e.is::<super::postgres::HandshakeFailed>() {
             return true;
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>()
             && io
                 .get_ref()
-                .is_some_and(|inner| inner.is::<super::pg_tls::HandshakeFailed>())
+                .is_some_and(|inner| inner.is::<super::postgres::HandshakeFailed>())
         {
             return true;
         }

@@ -7,18 +7,9 @@
 
 mod any;
 mod embedded;
-mod embedded_unresolved;
-mod embedded_write;
 mod error;
 mod group_commit;
 mod key_form;
-mod migrate;
-mod pg_batch;
-mod pg_connect;
-mod pg_listen;
-mod pg_sql;
-mod pg_tls;
-mod pg_unresolved;
 mod postgres;
 mod rehash;
 mod replay_cache;
@@ -28,13 +19,19 @@ mod waiters;
 
 pub use any::AnyStore;
 pub use embedded::EmbeddedStore;
+pub use error::StoreError;
 pub use error::describe;
 pub use group_commit::{Reserve, Write, WriteBatch, Written};
 pub use key_form::{KeyFormAgreement, SettleKeyForm};
-pub use migrate::{MIGRATIONS, migrate};
-pub use postgres::{PgStore, Pool};
+pub use postgres::{MIGRATIONS, PgStore, Pool, migrate};
 pub use rehash::{RehashKeys, Rehashed};
 pub use replay_cache::ReplayCache;
 pub use reseal::{Reseal, StoredRow};
-pub use types::*;
+pub use types::{
+    CacheStatus, Claim, Completion, Fence, Fenced, KeyRecord, KeyStore, Lease, PoolStatus,
+    Reservation, ReserveRequest,
+};
 pub use waiters::Waiters;
+
+pub use crate::key::{KeyId, key_id};
+pub use crate::stored::{Seal, StoredResponse};

@@ -12,12 +12,9 @@
 
 use std::future::Future;
 
-use rusqlite::OptionalExtension;
-
 use super::any::AnyStore;
-use super::reseal::{StoredRow, row};
+use super::reseal::StoredRow;
 use super::types::{StoreError, StoredResponse};
-use super::{EmbeddedStore, PgStore};
 use crate::key::KeyForm;
 use crate::vault::Vault;
 
@@ -44,7 +41,7 @@ pub trait RehashKeys: Send + Sync {
 }
 
 /// Why the store cannot be moved from `form`, if it cannot.
-fn refuse(form: &str, to: &KeyForm, live: i64) -> Result<bool, StoreError> {
+pub(super) fn refuse(form: &str, to: &KeyForm, live: i64) -> Result<bool, StoreError> {
     if !to.is_hashed() {
         return Err(StoreError::Config(
             "rehash-keys moves clear keys to hashed ones: the configuration has no `encryption.hash_keys: true`".into(),
@@ -67,7 +64,7 @@ fn refuse(form: &str, to: &KeyForm, live: i64) -> Result<bool, StoreError> {
 }
 
 /// A sealed answer moved from its row's old key to `key`.
-fn resealed(
+pub(super) fn resealed(
     row: StoredRow,
     key: &str,
     vault: Option<&Vault>,
@@ -81,199 +78,12 @@ fn resealed(
     Ok(vault.seal(&row.client_id, key, row.token, &opened))
 }
 
-fn sealed_parts(answer: &StoredResponse) -> (Vec<u8>, Vec<u8>, Option<String>) {
+pub(super) fn sealed_parts(answer: &StoredResponse) -> (Vec<u8>, Vec<u8>, Option<String>) {
     (
         answer.headers.to_vec(),
         answer.body.to_vec(),
         answer.sealed.as_ref().map(|s| s.key_id.clone()),
     )
-}
-
-impl RehashKeys for PgStore {
-    async fn rehash_keys(
-        &self,
-        to: &KeyForm,
-        vault: Option<&Vault>,
-    ) -> Result<Rehashed, StoreError> {
-        // No per-call bound: the whole table moves in this one transaction.
-        let mut client = self
-            .pool()
-            .get()
-            .await
-            .map_err(|e| StoreError::Config(format!("connecting to PostgreSQL: {e}")))?;
-        let tx = client.transaction().await.map_err(StoreError::Postgres)?;
-        let pg = StoreError::Postgres;
-        tx.batch_execute(
-            "LOCK TABLE idemproxy_settings IN SHARE ROW EXCLUSIVE MODE; \
-             LOCK TABLE idempotency_keys IN EXCLUSIVE MODE",
-        )
-        .await
-        .map_err(pg)?;
-        let form: Option<String> = tx
-            .query_opt(
-                "SELECT value FROM idemproxy_settings WHERE name = 'key_form'",
-                &[],
-            )
-            .await
-            .map_err(pg)?
-            .map(|r| r.get(0));
-        let live: i64 = tx
-            .query_one(
-                "SELECT count(*) FROM idempotency_keys \
-                 WHERE status = 'in_progress' AND locked_until > now()",
-                &[],
-            )
-            .await
-            .map_err(pg)?
-            .get(0);
-        if refuse(form.as_deref().unwrap_or("clear"), to, live)? {
-            return Ok(Rehashed {
-                already: true,
-                ..Rehashed::default()
-            });
-        }
-        let pairs = tx
-            .query(
-                "SELECT client_id, key, sealed_with IS NOT NULL FROM idempotency_keys",
-                &[],
-            )
-            .await
-            .map_err(pg)?;
-        let mut done = Rehashed::default();
-        for pair in &pairs {
-            let (client_id, key, sealed): (String, String, bool) =
-                (pair.get(0), pair.get(1), pair.get(2));
-            let new = to.stored(&client_id, key.clone());
-            if sealed {
-                let r = tx
-                    .query_one(
-                        "SELECT lease_token, response_status, response_headers, response_body, \
-                         sealed_with FROM idempotency_keys WHERE client_id = $1 AND key = $2",
-                        &[&client_id, &key],
-                    )
-                    .await
-                    .map_err(pg)?;
-                let status: Option<i16> = r.get(1);
-                let stored = row(
-                    client_id.clone(),
-                    key.clone(),
-                    r.get(0),
-                    i64::from(status.unwrap_or_default()),
-                    r.get(2),
-                    r.get(3),
-                    r.get(4),
-                )?;
-                let (headers, body, with) = sealed_parts(&resealed(stored, &new, vault)?);
-                tx.execute(
-                    "UPDATE idempotency_keys SET key = $3, response_headers = $4, \
-                     response_body = $5, sealed_with = $6 WHERE client_id = $1 AND key = $2",
-                    &[&client_id, &key, &new, &headers, &body, &with],
-                )
-                .await
-                .map_err(pg)?;
-                done.resealed += 1;
-            } else {
-                tx.execute(
-                    "UPDATE idempotency_keys SET key = $3 WHERE client_id = $1 AND key = $2",
-                    &[&client_id, &key, &new],
-                )
-                .await
-                .map_err(pg)?;
-            }
-            done.keys += 1;
-        }
-        tx.execute(
-            "INSERT INTO idemproxy_settings (name, value) VALUES ('key_form', $1) \
-             ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
-            &[&to.marker()],
-        )
-        .await
-        .map_err(pg)?;
-        tx.commit().await.map_err(pg)?;
-        Ok(done)
-    }
-}
-
-impl RehashKeys for EmbeddedStore {
-    async fn rehash_keys(
-        &self,
-        to: &KeyForm,
-        vault: Option<&Vault>,
-    ) -> Result<Rehashed, StoreError> {
-        let (to, vault) = (to.clone(), vault.cloned());
-        self.call_unbounded(move |conn| {
-            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let form: Option<String> = tx
-                .query_row(
-                    "SELECT value FROM idemproxy_settings WHERE name = 'key_form'",
-                    [],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            let live: i64 = tx.query_row(
-                "SELECT count(*) FROM idempotency_keys \
-                 WHERE status = 'in_progress' AND locked_until_ms > ?1",
-                [super::embedded_write::now_ms()],
-                |r| r.get(0),
-            )?;
-            if refuse(form.as_deref().unwrap_or("clear"), &to, live)? {
-                return Ok(Rehashed {
-                    already: true,
-                    ..Rehashed::default()
-                });
-            }
-            let pairs: Vec<(String, String, bool)> = tx
-                .prepare("SELECT client_id, key, sealed_with IS NOT NULL FROM idempotency_keys")?
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-                .collect::<Result<_, _>>()?;
-            let mut done = Rehashed::default();
-            for (client_id, key, sealed) in pairs {
-                let new = to.stored(&client_id, key.clone());
-                if sealed {
-                    let (token, status, headers, body, with) = tx.query_row(
-                        "SELECT lease_token, response_status, response_headers, response_body, \
-                         sealed_with FROM idempotency_keys WHERE client_id = ?1 AND key = ?2",
-                        [&client_id, &key],
-                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
-                    )?;
-                    let stored = row(
-                        client_id.clone(),
-                        key.clone(),
-                        token,
-                        status,
-                        headers,
-                        body,
-                        with,
-                    )?;
-                    let (headers, body, with) =
-                        sealed_parts(&resealed(stored, &new, vault.as_ref())?);
-                    tx.execute(
-                        "UPDATE idempotency_keys SET key = ?3, response_headers = ?4, \
-                         response_body = ?5, sealed_with = ?6 WHERE client_id = ?1 AND key = ?2",
-                        rusqlite::params![client_id, key, new, headers, body, with],
-                    )?;
-                    done.resealed += 1;
-                } else {
-                    tx.execute(
-                        "UPDATE idempotency_keys SET key = ?3 WHERE client_id = ?1 AND key = ?2",
-                        rusqlite::params![client_id, key, new],
-                    )?;
-                }
-                done.keys += 1;
-            }
-            tx.execute(
-                "INSERT INTO idemproxy_settings (name, value) VALUES ('key_form', ?1) \
-                 ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-                [to.marker()],
-            )?;
-            tx.commit()?;
-            // The write-ahead log's older frames still hold the clear keys (a busy log is
-            // no error: the next checkpoint empties it).
-            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
-            Ok(done)
-        })
-        .await
-    }
 }
 
 impl RehashKeys for AnyStore {

@@ -10,12 +10,9 @@
 use std::future::Future;
 
 use bytes::Bytes;
-use rusqlite::params;
-use tokio_postgres::types::Type;
 
 use super::any::AnyStore;
-use super::types::*;
-use super::{EmbeddedStore, PgStore};
+use super::types::{Fenced, Seal, StoreError, StoredResponse};
 
 /// A completed row's answer as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,17 +51,6 @@ pub trait Reseal: Send + Sync {
     fn forget_replaced(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-const PG_PAGE: &str = "SELECT client_id, key, lease_token, response_status, response_headers, \
-     response_body, sealed_with FROM idempotency_keys \
-     WHERE status = 'done' AND replayable AND sealed_with IS DISTINCT FROM $1 \
-       AND ($2::text IS NULL OR (client_id, key) > ($2, $3)) \
-     ORDER BY client_id, key LIMIT $4";
-
-const PG_RESEAL: &str = "UPDATE idempotency_keys \
-     SET response_headers = $4, response_body = $5, sealed_with = $6 \
-     WHERE client_id = $1 AND key = $2 AND lease_token = $3 AND status = 'done' \
-       AND sealed_with IS NOT DISTINCT FROM $7";
-
 pub(super) fn row(
     client_id: String,
     key: String,
@@ -89,153 +75,8 @@ pub(super) fn row(
     })
 }
 
-fn fenced(n: u64) -> Fenced {
-    if n == 1 {
-        Fenced::Applied
-    } else {
-        Fenced::Refused
-    }
-}
-
-fn key_id(answer: &StoredResponse) -> Option<&str> {
+pub(super) fn sealed_key_id(answer: &StoredResponse) -> Option<&str> {
     answer.sealed.as_ref().map(|s| s.key_id.as_str())
-}
-
-impl Reseal for PgStore {
-    async fn forget_replaced(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    async fn not_sealed_with(
-        &self,
-        active: &str,
-        after: Option<(&str, &str)>,
-        limit: i64,
-    ) -> Result<Vec<StoredRow>, StoreError> {
-        let (after_client, after_key) = (after.map(|a| a.0), after.map(|a| a.1));
-        self.with_client(|client| async move {
-            let rows = client
-                .typed_query(
-                    PG_PAGE,
-                    &[
-                        (&active, Type::TEXT),
-                        (&after_client, Type::TEXT),
-                        (&after_key, Type::TEXT),
-                        (&limit, Type::INT8),
-                    ],
-                )
-                .await?;
-            rows.iter()
-                .map(|r| {
-                    row(
-                        r.try_get(0)?,
-                        r.try_get(1)?,
-                        r.try_get(2)?,
-                        i64::from(r.try_get::<_, i16>(3)?),
-                        r.try_get(4)?,
-                        r.try_get(5)?,
-                        r.try_get(6)?,
-                    )
-                })
-                .collect()
-        })
-        .await
-    }
-
-    async fn reseal(&self, row: &StoredRow, answer: &StoredResponse) -> Result<Fenced, StoreError> {
-        let headers: &[u8] = &answer.headers;
-        let body: &[u8] = &answer.body;
-        let (new, old) = (key_id(answer), key_id(&row.answer));
-        self.with_client(|client| async move {
-            let n = client
-                .typed_execute(
-                    PG_RESEAL,
-                    &[
-                        (&row.client_id, Type::TEXT),
-                        (&row.key, Type::TEXT),
-                        (&row.token, Type::INT8),
-                        (&headers, Type::BYTEA),
-                        (&body, Type::BYTEA),
-                        (&new, Type::TEXT),
-                        (&old, Type::TEXT),
-                    ],
-                )
-                .await?;
-            Ok(fenced(n))
-        })
-        .await
-    }
-}
-
-impl Reseal for EmbeddedStore {
-    async fn forget_replaced(&self) -> Result<(), StoreError> {
-        self.call(|conn| {
-            // Busy (a reader holds the log) is not an error: the next checkpoint does it.
-            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
-            Ok(())
-        })
-        .await
-    }
-
-    async fn not_sealed_with(
-        &self,
-        active: &str,
-        after: Option<(&str, &str)>,
-        limit: i64,
-    ) -> Result<Vec<StoredRow>, StoreError> {
-        let active = active.to_owned();
-        let after = after.map(|(c, k)| (c.to_owned(), k.to_owned()));
-        self.call(move |conn| {
-            let (after_client, after_key) = match &after {
-                Some((c, k)) => (Some(c.as_str()), Some(k.as_str())),
-                None => (None, None),
-            };
-            let mut stmt = conn.prepare_cached(
-                "SELECT client_id, key, lease_token, response_status, response_headers, \
-                 response_body, sealed_with FROM idempotency_keys \
-                 WHERE status = 'done' AND replayable AND sealed_with IS NOT ?1 \
-                   AND (?2 IS NULL OR (client_id, key) > (?2, ?3)) \
-                 ORDER BY client_id, key LIMIT ?4",
-            )?;
-            let rows = stmt.query_map(params![active, after_client, after_key, limit], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                    r.get(6)?,
-                ))
-            })?;
-            let mut out = Vec::new();
-            for r in rows {
-                let (c, k, t, s, h, b, w) = r?;
-                out.push(row(c, k, t, s, h, b, w)?);
-            }
-            Ok(out)
-        })
-        .await
-    }
-
-    async fn reseal(&self, row: &StoredRow, answer: &StoredResponse) -> Result<Fenced, StoreError> {
-        let (client_id, key, token) = (row.client_id.clone(), row.key.clone(), row.token);
-        let (headers, body) = (answer.headers.to_vec(), answer.body.to_vec());
-        let new = key_id(answer).map(str::to_owned);
-        let old = key_id(&row.answer).map(str::to_owned);
-        self.call(move |conn| {
-            let n = conn
-                .prepare_cached(
-                    "UPDATE idempotency_keys \
-                     SET response_headers = ?4, response_body = ?5, sealed_with = ?6 \
-                     WHERE client_id = ?1 AND key = ?2 AND lease_token = ?3 AND status = 'done' \
-                       AND sealed_with IS ?7",
-                )?
-                .execute(params![client_id, key, token, headers, body, new, old])?;
-            Ok(fenced(n as u64))
-        })
-        .await
-    }
 }
 
 impl Reseal for AnyStore {

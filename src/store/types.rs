@@ -123,6 +123,23 @@ pub enum Fenced {
     Refused,
 }
 
+impl Fenced {
+    /// What a fenced statement that touched `rows` rows did: it matches at most the one row
+    /// that still carries the token.
+    pub fn from_rows(rows: u64) -> Self {
+        if rows == 1 {
+            Fenced::Applied
+        } else {
+            Fenced::Refused
+        }
+    }
+}
+
+/// Milliseconds of `d` for a statement's parameter, saturating rather than wrapping.
+pub(super) fn millis(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 /// Connections open, idle, and callers waiting for one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolStatus {

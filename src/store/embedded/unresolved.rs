@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use rusqlite::{TransactionBehavior, params};
 
-use super::embedded::EmbeddedStore;
-use super::embedded_write::{RECORD_COLUMNS, millis, next_token, now_ms, record};
-use super::types::*;
+use super::EmbeddedStore;
+use super::write::{RECORD_COLUMNS, next_token, now_ms, record};
+use crate::store::types::*;
 
 impl EmbeddedStore {
     /// Unresolved keys, longest unresolved first.
-    pub(super) async fn stuck_keys(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
+    pub(super) async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
         self.call(move |conn| {
             let sql = format!(
                 "SELECT {RECORD_COLUMNS} FROM idempotency_keys \
@@ -28,7 +28,7 @@ impl EmbeddedStore {
     }
 
     /// Deletes up to `batch` keys unresolved for more than `unresolved_for`, returning them.
-    pub(super) async fn delete_unresolved(
+    pub(super) async fn sweep_unresolved(
         &self,
         unresolved_for: Duration,
         batch: i64,
@@ -50,7 +50,7 @@ impl EmbeddedStore {
 
     /// See [`KeyStore::claim_unresolved`]: one transaction, so no other writer (a client's
     /// takeover included) sees a key half claimed.
-    pub(super) async fn claim(
+    pub(super) async fn claim_unresolved(
         &self,
         routes: &[&str],
         lease: Duration,
@@ -92,7 +92,7 @@ impl EmbeddedStore {
     }
 
     /// See [`KeyStore::defer`].
-    pub(super) async fn give_back(
+    pub(super) async fn defer(
         &self,
         fence: &Fence,
         unresolved_since_ms: i64,
@@ -125,7 +125,7 @@ impl EmbeddedStore {
     }
 
     /// See [`KeyStore::unresolved_counts`].
-    pub(super) async fn count_unresolved(&self) -> Result<Vec<(String, u64)>, StoreError> {
+    pub(super) async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
         self.call(|conn| {
             let mut stmt = conn.prepare_cached(
                 "SELECT route, count(*) FROM idempotency_keys \

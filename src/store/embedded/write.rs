@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::group_commit::{Reserve, Write, Written};
-use super::types::*;
+use crate::store::group_commit::{Reserve, Write, Written};
+use crate::store::types::*;
 
 /// Runs `writes` in one transaction: the outer error when the transaction could not be
 /// had or committed (nothing was written), otherwise each write's own outcome.
@@ -79,7 +79,7 @@ fn apply(conn: &Connection, write: &Write, now: i64) -> Result<Written, StoreErr
                     now.saturating_add(millis(fence.retention)),
                     sealed_with
                 ])?;
-            Written::Fenced(fenced(n))
+            Written::Fenced(Fenced::from_rows(n as u64))
         }
         Write::Release(fence) => {
             let n = conn
@@ -88,17 +88,9 @@ fn apply(conn: &Connection, write: &Write, now: i64) -> Result<Written, StoreErr
                      WHERE client_id = ?1 AND key = ?2 AND lease_token = ?3 AND status = 'in_progress'",
                 )?
                 .execute(params![fence.client_id, fence.key, fence.token])?;
-            Written::Fenced(fenced(n))
+            Written::Fenced(Fenced::from_rows(n as u64))
         }
     })
-}
-
-fn fenced(rows: usize) -> Fenced {
-    if rows == 1 {
-        Fenced::Applied
-    } else {
-        Fenced::Refused
-    }
 }
 
 pub(super) fn next_token(conn: &Connection) -> Result<i64, StoreError> {
@@ -237,10 +229,6 @@ fn reserve(
     Ok((reservation, expires_in))
 }
 
-pub(super) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
 /// The columns [`record`] reads, in its order. The body's length is the answer's: a sealed
 /// body is longer by `vault::OVERHEAD` (33, checked by a test).
 pub(super) const RECORD_COLUMNS: &str = "client_id, key, route, status, fingerprint, lease_token, locked_until_ms, attempts, \
@@ -279,7 +267,7 @@ pub(super) fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRecord> {
 }
 
 /// The machine's clock in Unix milliseconds: the embedded store's leases are measured by it.
-pub(super) fn now_ms() -> i64 {
+pub(in crate::store) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))

@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use tokio_postgres::AsyncMessage;
 
-use super::Waiters;
-use super::pg_tls::PgTlsConnect;
-use super::replay_cache::ReplayCache;
-use super::types::KeyId;
+use super::tls::PgTlsConnect;
+use crate::store::Waiters;
+use crate::store::replay_cache::ReplayCache;
+use crate::store::types::KeyId;
 
 /// How long one attempt at the notification connection may take.
 const CONNECT_BOUND: Duration = Duration::from_secs(10);
@@ -41,7 +41,7 @@ pub(super) async fn listen(
         // must not hold the notification connection's reconnects forever.
         let connected = match tokio::time::timeout(CONNECT_BOUND, config.connect(tls.clone())).await
         {
-            Ok(result) => result.map_err(|e| super::describe(&e)),
+            Ok(result) => result.map_err(|e| crate::store::describe(&e)),
             Err(_) => Err(format!("no answer within {CONNECT_BOUND:?}")),
         };
         match connected {

@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use tokio_postgres::types::Type;
 
-use super::pg_sql::*;
-use super::postgres::PgStore;
-use super::types::*;
+use super::PgStore;
+use super::sql::*;
+use crate::store::types::*;
 
 impl PgStore {
     /// Unresolved keys, longest unresolved first.
-    pub(super) async fn stuck_keys(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
+    pub(super) async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
         self.with_client(|client| async move {
             let sql = format!(
                 "SELECT {RECORD_COLUMNS} FROM idempotency_keys \
@@ -27,7 +27,7 @@ impl PgStore {
     }
 
     /// Deletes up to `batch` keys unresolved for more than `unresolved_for`, returning them.
-    pub(super) async fn delete_unresolved(
+    pub(super) async fn sweep_unresolved(
         &self,
         unresolved_for: Duration,
         batch: i64,
@@ -49,7 +49,7 @@ impl PgStore {
     /// concurrent reconcilers split the due keys, and a client's takeover racing it either
     /// wins the row first (then the key is no longer unresolved when re-checked) or finds
     /// the fresh lease.
-    pub(super) async fn claim(
+    pub(super) async fn claim_unresolved(
         &self,
         routes: &[&str],
         lease: Duration,
@@ -81,7 +81,7 @@ impl PgStore {
     }
 
     /// See [`KeyStore::defer`].
-    pub(super) async fn give_back(
+    pub(super) async fn defer(
         &self,
         fence: &Fence,
         unresolved_since_ms: i64,
@@ -111,7 +111,7 @@ impl PgStore {
     }
 
     /// See [`KeyStore::unresolved_counts`].
-    pub(super) async fn count_unresolved(&self) -> Result<Vec<(String, u64)>, StoreError> {
+    pub(super) async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
         self.with_client(|client| async move {
             let rows = client.typed_query(COUNT_UNRESOLVED, &[]).await?;
             rows.iter()

@@ -23,7 +23,7 @@ use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row, Statement};
 
-use super::pg_tls::PgTlsConnect;
+use super::tls::PgTlsConnect;
 use crate::store::describe;
 
 /// One host's connection settings, and how to name it in errors.
@@ -334,11 +334,11 @@ impl std::error::Error for ConnectError {}
 pub(super) fn connection_config(
     url: &str,
     config: &crate::config::PostgresConfig,
-) -> Result<tokio_postgres::Config, super::StoreError> {
+) -> Result<tokio_postgres::Config, crate::store::StoreError> {
     use crate::config::PgSslMode;
     use tokio_postgres::config::SslMode;
     let mut pg: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
-        super::StoreError::Config(format!("database URL: {e}"))
+        crate::store::StoreError::Config(format!("database URL: {e}"))
     })?;
     pg.connect_timeout(config.connect_timeout);
     pg.ssl_mode(match config.tls.mode {

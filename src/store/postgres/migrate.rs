@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 use tokio_postgres::types::Type;
 
-use super::StoreError;
+use crate::store::StoreError;
 
 /// One migration.
 #[derive(Debug, Clone, Copy)]
@@ -37,43 +37,43 @@ pub const MIGRATIONS: &[Migration] = &[
     plain(
         1,
         "idempotency_keys",
-        include_str!("../../migrations/0001_idempotency_keys.sql"),
+        include_str!("../../../migrations/0001_idempotency_keys.sql"),
     ),
     plain(
         2,
         "reserve_reads_first",
-        include_str!("../../migrations/0002_reserve_reads_first.sql"),
+        include_str!("../../../migrations/0002_reserve_reads_first.sql"),
     ),
     plain(
         3,
         "group_commit",
-        include_str!("../../migrations/0003_group_commit.sql"),
+        include_str!("../../../migrations/0003_group_commit.sql"),
     ),
     plain(
         4,
         "reconcile",
-        include_str!("../../migrations/0004_reconcile.sql"),
+        include_str!("../../../migrations/0004_reconcile.sql"),
     ),
     Migration {
         version: 5,
         name: "unresolved_index",
-        sql: include_str!("../../migrations/0005_unresolved_index.sql"),
+        sql: include_str!("../../../migrations/0005_unresolved_index.sql"),
         concurrent_index: Some("idempotency_keys_unresolved"),
     },
     plain(
         6,
         "derived_key",
-        include_str!("../../migrations/0006_derived_key.sql"),
+        include_str!("../../../migrations/0006_derived_key.sql"),
     ),
     plain(
         7,
         "sealed_answers",
-        include_str!("../../migrations/0007_sealed_answers.sql"),
+        include_str!("../../../migrations/0007_sealed_answers.sql"),
     ),
     plain(
         8,
         "key_form",
-        include_str!("../../migrations/0008_key_form.sql"),
+        include_str!("../../../migrations/0008_key_form.sql"),
     ),
 ];
 

@@ -1,7 +1,7 @@
 //! The PostgreSQL store's statements, and how a row becomes a [`KeyRecord`]. Each is one
 //! round trip; the reservation is the `idempotency_reserve()` function of `migrations/`.
 
-use super::types::*;
+use crate::store::types::*;
 
 pub(super) const RESERVE: &str = "SELECT o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
      o_response_status, o_response_headers, o_response_body, o_replayable, o_expires_in_ms, \
@@ -124,11 +124,6 @@ pub(super) fn reservation(
         other => return Err(StoreError::Corrupt(format!("reserve outcome `{other}`"))),
     };
     Ok((reservation, expires_in))
-}
-
-/// Milliseconds for an interval parameter.
-pub(super) fn millis(d: std::time::Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 pub(super) fn record(r: &tokio_postgres::Row) -> Result<KeyRecord, StoreError> {

@@ -2,10 +2,25 @@
 //!
 //! Each call takes a connection from the pool, runs one statement (one round trip; prepared
 //! once per direct connection, unnamed and typed through a transaction pooler, see
-//! `pg_connect`) and is bounded by the configured store timeout, so a database that hangs
+//! [`connect`]) and is bounded by the configured store timeout, so a database that hangs
 //! is treated like one that is down instead of stalling requests. Reservations,
-//! completions and releases of concurrent requests share a statement (`group_commit`,
-//! `pg_batch`).
+//! completions and releases of concurrent requests share a statement ([`crate::store::group_commit`],
+//! [`batch`]).
+
+mod batch;
+mod connect;
+mod key_form;
+mod listen;
+mod migrate;
+mod rehash;
+mod reseal;
+mod sql;
+mod tls;
+mod unresolved;
+
+pub(super) use connect::ConnectError;
+pub use migrate::{MIGRATIONS, migrate};
+pub(super) use tls::HandshakeFailed;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,15 +32,15 @@ use deadpool::managed::{Hook, HookError, Timeouts};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::types::{ToSql, Type};
 
-use super::Waiters;
-use super::group_commit::{GroupCommit, Write};
-use super::pg_connect::{PgManager, connection_config};
-use super::pg_listen::listen;
-use super::pg_sql::*;
-use super::pg_tls::PgTlsConnect;
-use super::replay_cache::{ReplayCache, reserve_through};
-use super::types::*;
 use crate::config::PostgresConfig;
+use crate::store::Waiters;
+use crate::store::group_commit::{GroupCommit, Write};
+use crate::store::replay_cache::{ReplayCache, reserve_through};
+use crate::store::types::*;
+use connect::{PgManager, connection_config};
+use listen::listen;
+use sql::*;
+use tls::PgTlsConnect;
 
 /// The store's connection pool.
 pub type Pool = deadpool::managed::Pool<PgManager>;
@@ -330,8 +345,10 @@ impl KeyStore for PgStore {
         Ok(existed)
     }
 
+    // The unresolved-key calls are the inherent methods of the same names in
+    // `unresolved.rs` (inherent methods are found first).
     async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
-        self.stuck_keys(limit).await
+        Self::stuck(self, limit).await
     }
 
     async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
@@ -346,7 +363,7 @@ impl KeyStore for PgStore {
         unresolved_for: Duration,
         batch: i64,
     ) -> Result<Vec<KeyRecord>, StoreError> {
-        self.delete_unresolved(unresolved_for, batch).await
+        Self::sweep_unresolved(self, unresolved_for, batch).await
     }
 
     fn pool_status(&self) -> Option<PoolStatus> {
@@ -364,7 +381,7 @@ impl KeyStore for PgStore {
         lease: Duration,
         limit: i64,
     ) -> Result<Vec<Claim>, StoreError> {
-        self.claim(routes, lease, limit).await
+        Self::claim_unresolved(self, routes, lease, limit).await
     }
 
     async fn defer(
@@ -373,11 +390,11 @@ impl KeyStore for PgStore {
         unresolved_since_ms: i64,
         retry_in: Duration,
     ) -> Result<Fenced, StoreError> {
-        self.give_back(fence, unresolved_since_ms, retry_in).await
+        Self::defer(self, fence, unresolved_since_ms, retry_in).await
     }
 
     async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
-        self.count_unresolved().await
+        Self::unresolved_counts(self).await
     }
 
     fn replay_cache(&self) -> Option<CacheStatus> {
@@ -393,7 +410,7 @@ impl KeyStore for PgStore {
     /// Reachable, and the schema migrated far enough for this binary.
     async fn ping(&self) -> Result<(), StoreError> {
         let found = self.schema_version().await?;
-        let needed = super::migrate::LATEST;
+        let needed = migrate::LATEST;
         if found < needed {
             return Err(StoreError::SchemaBehind { found, needed });
         }

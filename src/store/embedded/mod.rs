@@ -6,11 +6,19 @@
 //! Rust binding. Every call runs on tokio's blocking pool so that disk I/O never stalls the
 //! reactor; one connection behind a mutex serialises writers, which SQLite does anyway, and
 //! concurrent reservations, completions and releases share one transaction and one fsync
-//! (`group_commit`, `embedded_write`).
+//! ([`crate::store::group_commit`], [`write`]).
 //!
 //! Its limit: the clock is this machine's and the file is this machine's. Several proxy
 //! instances with separate files do not see each other's keys — use PostgreSQL for
 //! replicas.
+
+mod key_form;
+mod rehash;
+mod reseal;
+mod unresolved;
+mod write;
+
+pub(super) use write::now_ms;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,11 +27,11 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::Notify;
 
-use super::Waiters;
-use super::embedded_write::{RECORD_COLUMNS, millis, now_ms, record};
-use super::group_commit::{GroupCommit, Write, WriteBatch, Written};
-use super::replay_cache::{ReplayCache, reserve_through};
-use super::types::*;
+use crate::store::Waiters;
+use crate::store::group_commit::{GroupCommit, Write, WriteBatch, Written};
+use crate::store::replay_cache::{ReplayCache, reserve_through};
+use crate::store::types::*;
+use write::{RECORD_COLUMNS, record};
 
 const SCHEMA_VERSION: i32 = 5;
 
@@ -68,7 +76,7 @@ const SCHEMA_3: &str = "ALTER TABLE idempotency_keys ADD COLUMN derived_key TEXT
 const SCHEMA_4: &str = "ALTER TABLE idempotency_keys ADD COLUMN sealed_with TEXT;";
 
 /// Version 5: settings kept with the keys — the form keys are stored in (see
-/// [`super::key_form`]).
+/// [`crate::store::SettleKeyForm`]).
 const SCHEMA_5: &str =
     "CREATE TABLE idemproxy_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);";
 
@@ -281,7 +289,7 @@ impl WriteBatch for EmbeddedStore {
             .collect();
         let n = writes.len();
         let batch = self
-            .call(move |conn| super::embedded_write::write_batch(conn, &writes, now_ms()))
+            .call(move |conn| write::write_batch(conn, &writes, now_ms()))
             .await;
         match batch {
             Ok(results) => {
@@ -377,8 +385,10 @@ impl KeyStore for EmbeddedStore {
         Ok(existed)
     }
 
+    // The unresolved-key calls are the inherent methods of the same names in
+    // `unresolved.rs` (inherent methods are found first).
     async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
-        self.stuck_keys(limit).await
+        Self::stuck(self, limit).await
     }
 
     async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
@@ -400,7 +410,7 @@ impl KeyStore for EmbeddedStore {
         unresolved_for: Duration,
         batch: i64,
     ) -> Result<Vec<KeyRecord>, StoreError> {
-        self.delete_unresolved(unresolved_for, batch).await
+        Self::sweep_unresolved(self, unresolved_for, batch).await
     }
 
     async fn claim_unresolved(
@@ -409,7 +419,7 @@ impl KeyStore for EmbeddedStore {
         lease: Duration,
         limit: i64,
     ) -> Result<Vec<Claim>, StoreError> {
-        self.claim(routes, lease, limit).await
+        Self::claim_unresolved(self, routes, lease, limit).await
     }
 
     async fn defer(
@@ -418,11 +428,11 @@ impl KeyStore for EmbeddedStore {
         unresolved_since_ms: i64,
         retry_in: Duration,
     ) -> Result<Fenced, StoreError> {
-        self.give_back(fence, unresolved_since_ms, retry_in).await
+        Self::defer(self, fence, unresolved_since_ms, retry_in).await
     }
 
     async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
-        self.count_unresolved().await
+        Self::unresolved_counts(self).await
     }
 
     fn replay_cache(&self) -> Option<CacheStatus> {
