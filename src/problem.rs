@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::body::{ProxyBody, full};
 use crate::fingerprint::BodyError;
+use crate::http1::server::{HeadError, MAX_HEADERS};
 
 /// An RFC 9457 problem document.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -85,6 +86,19 @@ pub enum ProxyError {
 /// Problem types are URNs: stable identifiers, documented in the README, that do not
 /// pretend to be a resolvable page.
 const TYPE_PREFIX: &str = "urn:idemproxy:problem:";
+
+impl From<&HeadError> for ProxyError {
+    fn from(e: &HeadError) -> Self {
+        match e {
+            HeadError::TooLarge { limit } => ProxyError::HeadTooLarge {
+                limit: *limit,
+                fields: MAX_HEADERS,
+            },
+            HeadError::Malformed(reason) => ProxyError::MalformedHead(reason.clone()),
+            HeadError::UnsupportedCoding(coding) => ProxyError::UnsupportedCoding(coding.clone()),
+        }
+    }
+}
 
 impl ProxyError {
     /// The HTTP status this outcome is answered with.

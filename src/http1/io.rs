@@ -1,5 +1,6 @@
-//! A client connection's transport, shared by the connection task (heads, answers) and
-//! the request body it lends to the proxy, and the one read buffer per server thread.
+//! A connection's transport, on either side: shared by a server connection's task (heads,
+//! answers) and the request body it lends to the proxy, or by an upstream connection and
+//! the answer body it streams; and the one read buffer per thread.
 //!
 //! Why a read buffer per thread and not per connection: a connection waiting for its
 //! next request, or for the store while its request is protected, holds no buffer at all.
@@ -14,7 +15,7 @@ use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// What a client connection runs over: plain TCP or TLS.
+/// What a connection runs over: plain TCP or TLS.
 pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send {}
 
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for T {}
@@ -74,7 +75,7 @@ impl Io {
         Pin::new(&mut *self.lock()).poll_flush(cx)
     }
 
-    /// Closes the write side (TLS: sends close_notify), so the client sees the end.
+    /// Closes the write side (TLS: sends close_notify), so the peer sees the end.
     pub async fn shutdown(&self) -> io::Result<()> {
         std::future::poll_fn(|cx| Pin::new(&mut *self.lock()).poll_shutdown(cx)).await
     }

@@ -20,7 +20,7 @@ use tower_service::Service;
 
 use crate::body::BoxError;
 use crate::http1::BodyError;
-use crate::http1::answer::Answer;
+use crate::http1::client::answer::Answer;
 use crate::http1::client::Connection;
 
 /// How long an unused upstream connection is kept.

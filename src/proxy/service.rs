@@ -18,11 +18,27 @@ use super::state::{Proxy, error_chain};
 use crate::body::{BoxError, ProxyBody, boxed};
 use crate::config::Lookup;
 use crate::config::{EchoKey, Route};
+use crate::http1::server::{Handler, HeadError, OptionalBody};
 use crate::metrics::KindLabel;
 use crate::otlp::{Kind, Trace};
 use crate::path::PathError;
 use crate::problem::ProxyError;
 use crate::store::KeyStore;
+
+/// The proxy is what its HTTP/1 connections hand their requests to.
+impl<S: KeyStore> Handler for Proxy<S> {
+    fn handle(
+        &self,
+        request: Request<OptionalBody>,
+        peer: SocketAddr,
+    ) -> impl Future<Output = Response<ProxyBody>> + Send + '_ {
+        Proxy::handle(self, request, peer)
+    }
+
+    fn refuse(&self, error: &HeadError) -> Response<ProxyBody> {
+        ProxyError::from(error).into_response()
+    }
+}
 
 impl<S: KeyStore> Proxy<S> {
     /// Answers one request. Never fails: errors become problem responses.

@@ -29,7 +29,7 @@ pub(super) enum ConnError {
     #[error("no request head within the header read timeout")]
     NoHead,
     #[error("{0}")]
-    H1(#[from] super::h1::ConnError),
+    H1(#[from] crate::http1::server::ConnError),
 }
 
 impl ConnError {
@@ -59,7 +59,7 @@ pub(super) enum Protocol {
 
 /// How each protocol is served, the same for every connection of a listener.
 pub(super) struct Protocols {
-    pub(super) h1: super::h1::Limits,
+    pub(super) h1: crate::http1::server::Limits,
     pub(super) h2: http2::Builder<TokioExecutor>,
 }
 
@@ -100,7 +100,7 @@ pub(super) async fn before_serving<T>(
 }
 
 /// Serves one connection in `protocol` until it ends or the server drains: HTTP/1 by this
-/// crate's own connection ([`super::h1`]), HTTP/2 by hyper.
+/// crate's own connection ([`crate::http1::server`]), HTTP/2 by hyper.
 pub(super) async fn serve<S: KeyStore, I>(
     protocols: &Protocols,
     protocol: Protocol,
@@ -117,7 +117,7 @@ where
         Protocol::Http1 => {
             // Held to the end: the drain waits for every watcher to be dropped.
             let _watcher = watcher;
-            Ok(super::h1::serve(io, &proxy, peer, protocols.h1, draining).await?)
+            Ok(crate::http1::server::serve(io, &proxy, peer, protocols.h1, draining).await?)
         }
         // Boxed: HTTP/2's connection state is larger, and HTTP/1 connections are the many.
         Protocol::Http2 => {

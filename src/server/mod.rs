@@ -25,9 +25,6 @@ use tokio::sync::{Semaphore, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 mod conn;
-mod h1;
-
-pub use h1::{MAX_HEADERS, OptionalBody, RequestBody};
 
 use crate::metrics::KindLabel;
 use crate::proxy::Proxy;
@@ -195,7 +192,7 @@ async fn accept<S: KeyStore>(
     gate: &Gate,
 ) -> GracefulShutdown {
     let limits = proxy.config().limits;
-    let h1_limits = h1::Limits {
+    let h1_limits = crate::http1::server::Limits {
         head_timeout: limits.header_read_timeout,
         max_head: limits.max_header_bytes,
     };

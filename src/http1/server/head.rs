@@ -29,7 +29,7 @@ pub(super) struct Head {
 
 /// Why a head was refused; each is answered before the connection is closed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum HeadError {
+pub enum HeadError {
     #[error("the request head is larger than {limit} bytes or has more than {MAX_HEADERS} fields")]
     TooLarge { limit: usize },
     #[error("{0}")]

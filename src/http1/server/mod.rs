@@ -1,5 +1,6 @@
-//! The HTTP/1 side of a client connection, in place of hyper's server: request heads,
-//! bodies, answers and keep-alive, with no buffer held while a connection waits.
+//! The server side of HTTP/1 — a connection a client opened to the proxy — in place of
+//! hyper's server: request heads, bodies, answers and keep-alive, with no buffer held
+//! while a connection waits.
 //!
 //! Why not hyper's: it keeps an 8 KiB read and an 8 KiB write buffer for every
 //! connection from its first byte to its last, and reads ahead into a fresh one while a
@@ -19,7 +20,7 @@ mod body;
 mod head;
 mod write;
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -27,18 +28,30 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 pub use body::RequestBody;
-pub(crate) use head::HeadError;
+pub use head::HeadError;
 pub use head::MAX_HEADERS;
 
 use body::Returned;
 use head::Head;
 use write::{Exchange, write_response};
 
+use crate::body::ProxyBody;
 use crate::http1::io::{Io, Transport};
 use crate::http1::{Decoder, Framing};
-use crate::problem::ProxyError;
-use crate::proxy::Proxy;
-use crate::store::KeyStore;
+
+/// What a connection hands its requests to (the proxy). A trait so that HTTP/1 knows
+/// nothing of what answers, the way hyper's `server::conn` takes a service.
+pub trait Handler: Send + Sync {
+    /// The answer to `request` from `peer`.
+    fn handle(
+        &self,
+        request: http::Request<OptionalBody>,
+        peer: SocketAddr,
+    ) -> impl Future<Output = http::Response<ProxyBody>> + Send + '_;
+
+    /// The answer to a head that cannot be served, sent before the connection closes.
+    fn refuse(&self, error: &HeadError) -> http::Response<ProxyBody>;
+}
 
 /// What bounds a connection.
 #[derive(Clone, Copy)]
@@ -76,9 +89,9 @@ impl ConnError {
 
 /// Serves HTTP/1 requests on `transport` until the client closes, a request asks to, the
 /// framing breaks, or the server drains.
-pub(crate) async fn serve<S: KeyStore>(
+pub(crate) async fn serve<H: Handler>(
     transport: impl Transport + 'static,
-    proxy: &Proxy<S>,
+    handler: &H,
     peer: SocketAddr,
     limits: Limits,
     draining: &CancellationToken,
@@ -93,7 +106,7 @@ pub(crate) async fn serve<S: KeyStore>(
             match next_head(&io, &mut pending, limits, draining).await? {
                 None => return Ok(()),
                 Some(Err(e)) => {
-                    refuse(&io, &e).await;
+                    refuse(&io, handler, &e).await;
                     return Err(ConnError::Head(e));
                 }
                 Some(Ok(head)) => {
@@ -106,7 +119,7 @@ pub(crate) async fn serve<S: KeyStore>(
                         version,
                         keep_alive,
                         lent,
-                        proxy.handle(request, peer),
+                        handler.handle(request, peer),
                     )
                 }
             };
@@ -302,25 +315,15 @@ fn settle(returned: Option<Returned>, pending: &mut Vec<u8>) -> bool {
 }
 
 /// Answers a head that cannot be served, as a problem document, before closing.
-async fn refuse(io: &Io, e: &HeadError) {
-    let err = match e {
-        HeadError::TooLarge { limit } => ProxyError::HeadTooLarge {
-            limit: *limit,
-            fields: MAX_HEADERS,
-        },
-        HeadError::Malformed(reason) => ProxyError::MalformedHead(reason.clone()),
-        HeadError::UnsupportedCoding(coding) => ProxyError::UnsupportedCoding(coding.clone()),
-    };
-    tracing::info!(status = err.status().as_u16(), reason = %e, "request head refused");
+async fn refuse(io: &Io, handler: &impl Handler, e: &HeadError) {
+    let answer = handler.refuse(e);
+    tracing::info!(status = answer.status().as_u16(), reason = %e, "request head refused");
     let exchange = Exchange {
         method: &http::Method::GET,
         version: http::Version::HTTP_11,
         keep_alive: false,
     };
-    if write_response(io, err.into_response(), &exchange)
-        .await
-        .is_ok()
-    {
+    if write_response(io, answer, &exchange).await.is_ok() {
         let _ = io.shutdown().await;
     }
 }

@@ -9,11 +9,11 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Response, StatusCode, Version, response};
 use http_body::Body;
 
-use super::Framing;
-use super::client::Connection;
-use super::decode::{BodyError, Decoder};
-use super::fields::{content_length, keeps_alive};
+use super::Connection;
 use crate::body::BoxError;
+use crate::http1::Framing;
+use crate::http1::decode::{BodyError, Decoder};
+use crate::http1::fields::{content_length, keeps_alive};
 
 /// Fields an answer's head may carry at most.
 const MAX_FIELDS: usize = 100;

@@ -9,6 +9,8 @@
 //! What matters for idempotency is reported exactly: [`SendError::NotSent`] only when no
 //! byte of the request reached the transport.
 
+pub mod answer;
+
 use std::io;
 use std::task::Poll;
 
@@ -18,11 +20,11 @@ use http::{Method, Response, request, response};
 use http_body::Body;
 
 use super::Framing;
-use super::answer::{Answer, parse_head};
 use super::decode::Decoder;
 use super::encode::{head_capacity, push_fields, write_message};
 use super::io::{Io, Transport};
 use crate::body::BoxError;
+use answer::{Answer, parse_head};
 
 /// Largest answer head.
 const MAX_HEAD: usize = 256 * 1024;
