@@ -1,0 +1,45 @@
+//! The integration tests, as one test binary: each module a topic, `support` what they
+//! share (databases, upstreams, proxies, clients, throwaway clusters).
+//!
+//! Why one binary: each integration-test file is a crate of its own that links idemproxy
+//! and the support code again; 33 of them made linking most of a clean CI run. nextest
+//! still runs every test in a process of its own, so a test that sets something
+//! process-wide affects no other.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+mod concurrency;
+mod crash;
+mod demo;
+mod deployment;
+mod disconnect;
+mod encryption;
+mod failover;
+mod group_commit;
+mod hashed_keys;
+mod hostile;
+mod http1;
+mod key_forms;
+mod kubernetes;
+mod operations;
+mod outages;
+mod paths;
+mod pg_tls;
+mod pgbouncer;
+mod prometheus;
+mod properties;
+mod reconcile;
+mod rejections;
+mod reload;
+mod replay;
+mod replay_cache;
+mod replicas;
+mod server_threads;
+mod store_conformance;
+mod tls;
+mod tracing_otlp;
+mod upstream_failures;
+mod upstream_pool;
+mod wait_probe;
