@@ -27,6 +27,7 @@
 //! - [`demo`]: the seed article's story, runnable (`idemproxy demo`, `idemproxy demo-provider`).
 
 pub mod admin;
+pub mod background;
 pub mod body;
 pub mod canonical;
 pub mod config;
@@ -39,12 +40,10 @@ pub mod otlp;
 pub mod path;
 pub mod problem;
 pub mod proxy;
-pub mod rekey;
 pub mod route;
 pub mod server;
 pub mod shutdown;
 pub mod store;
 pub mod stored;
-pub mod sweep;
 pub mod tls;
 pub mod vault;

@@ -12,7 +12,7 @@
 //! - `POST /admin/keys/{client_id}/{key}/resolve` — settle an unresolved key with an
 //!   answer or a release (see `resolve`).
 //! - `POST /admin/rekey` — seal every stored answer with the active encryption key (see
-//!   `crate::rekey`).
+//!   `crate::background::rekey`).
 //!
 //! `/admin/*` requires `Authorization: Bearer <admin_token>` when a token is configured
 //! (and one must be configured when the listener is not loopback).

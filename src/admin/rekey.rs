@@ -5,9 +5,9 @@
 use http::{Response, StatusCode};
 
 use super::{json, problem, store_failed};
+use crate::background::rekey::{self, DEFAULT_BATCH};
 use crate::body::ProxyBody;
 use crate::proxy::Proxy;
-use crate::rekey::{DEFAULT_BATCH, rekey};
 use crate::store::{KeyStore, Reseal};
 
 pub(super) async fn request<S: KeyStore + Reseal>(proxy: &Proxy<S>) -> Response<ProxyBody> {
@@ -19,7 +19,7 @@ pub(super) async fn request<S: KeyStore + Reseal>(proxy: &Proxy<S>) -> Response<
             "There is no key to seal stored answers with: configure `encryption.keys` and `encryption.active`, then restart.",
         );
     };
-    match rekey(proxy.store(), vault, DEFAULT_BATCH).await {
+    match rekey::once(proxy.store(), vault, DEFAULT_BATCH).await {
         Ok(report) => {
             tracing::warn!(summary = %report.summary(), "rekey by an operator");
             json(StatusCode::OK, &report)

@@ -21,5 +21,5 @@ pub use headers::{decode_stored, encode_block, encode_stored};
 pub use key::{body_key, parse_key};
 pub use live::Reloaded;
 pub use pool::UpstreamBody;
-pub use reconcile::{Reconciled, UNRESOLVED_COUNT_INTERVAL};
+pub use reconcile::Reconciled;
 pub use state::Proxy;

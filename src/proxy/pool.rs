@@ -20,8 +20,8 @@ use tower_service::Service;
 
 use crate::body::BoxError;
 use crate::http1::BodyError;
-use crate::http1::client::answer::Answer;
 use crate::http1::client::Connection;
+use crate::http1::client::answer::Answer;
 
 /// How long an unused upstream connection is kept.
 pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(30);

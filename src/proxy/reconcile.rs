@@ -30,8 +30,6 @@ use crate::store::{Claim, KeyStore, StoreError};
 const PROBES_AT_ONCE: usize = 4;
 /// The longest wait before an inconclusive key is asked about again.
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
-/// How often the unresolved-keys gauge is brought up to date.
-pub const UNRESOLVED_COUNT_INTERVAL: Duration = Duration::from_secs(15);
 /// The peer address the probe's forwarding headers name: the proxy itself asks.
 const SELF_PEER: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
@@ -45,25 +43,6 @@ pub struct Reconciled {
 }
 
 impl<S: KeyStore> Proxy<S> {
-    /// Reconciles every `interval` for as long as it is polled, then brings the
-    /// unresolved-keys gauge up to date.
-    pub async fn run_reconciler(&self, reconcile: Reconcile) {
-        loop {
-            tokio::time::sleep(reconcile.interval).await;
-            match self.reconcile_once(reconcile).await {
-                Ok(r) if r == Reconciled::default() => {}
-                Ok(r) => tracing::info!(
-                    found = r.found,
-                    not_found = r.not_found,
-                    inconclusive = r.inconclusive,
-                    "reconciler pass"
-                ),
-                Err(e) => tracing::warn!(cause = %e, "reconciler pass failed; will try again"),
-            }
-            self.count_unresolved().await;
-        }
-    }
-
     /// One pass: claims up to `reconcile.batch` due unresolved keys and settles each.
     pub async fn reconcile_once(&self, reconcile: Reconcile) -> Result<Reconciled, StoreError> {
         let shared = &self.shared;
@@ -115,14 +94,6 @@ impl<S: KeyStore> Proxy<S> {
                 shared.metrics.observe_unresolved(&routes, &counts);
             }
             Err(e) => tracing::debug!(cause = %e, "could not count unresolved keys"),
-        }
-    }
-
-    /// Counts unresolved keys every `every`, for as long as it is polled.
-    pub async fn run_unresolved_count(&self, every: Duration) {
-        loop {
-            self.count_unresolved().await;
-            tokio::time::sleep(every).await;
         }
     }
 }

@@ -366,7 +366,11 @@ async fn concurrent_rekeys_split_the_rows(db: Backend) {
     let ring = std::sync::Arc::new(ring);
     let passes = (0..2).map(|_| {
         let (store, ring) = (db.store(), std::sync::Arc::clone(&ring));
-        tokio::spawn(async move { idemproxy::rekey::rekey(&store, &ring, 7).await.unwrap() })
+        tokio::spawn(async move {
+            idemproxy::background::rekey::once(&store, &ring, 7)
+                .await
+                .unwrap()
+        })
     });
     let passes: Vec<_> = passes.collect();
     let replays = {

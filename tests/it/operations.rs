@@ -483,14 +483,8 @@ async fn background_sweep(db: Backend) {
         "sweep:\n  interval: 200ms\n{}",
         PAYMENTS.replace("  lease: 30s\n", "  lease: 3s\n  retention: 4s\n")
     );
+    // The proxy's own background loops sweep (`sweep.interval: 200ms`), as `serve`'s do.
     let proxy = TestProxy::spawn(&yaml, &upstream, &db).await;
-    let _sweeper = tokio::spawn(idemproxy::sweep::run(
-        db.store(),
-        Duration::from_millis(200),
-        100,
-        None,
-        std::sync::Arc::clone(&proxy.metrics),
-    ));
     let client = TestClient::new(&proxy);
     assert_eq!(
         client

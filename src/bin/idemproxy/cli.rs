@@ -91,7 +91,7 @@ pub struct RekeyArgs {
     #[command(flatten)]
     pub store: StoreArgs,
     /// Rows read and resealed per page.
-    #[arg(long, default_value_t = idemproxy::rekey::DEFAULT_BATCH, value_parser = clap::value_parser!(i64).range(1..=100_000))]
+    #[arg(long, default_value_t = idemproxy::background::rekey::DEFAULT_BATCH, value_parser = clap::value_parser!(i64).range(1..=100_000))]
     pub batch: i64,
 }
 

@@ -9,10 +9,10 @@ mod serve;
 
 use anyhow::Context;
 use clap::Parser;
+use idemproxy::background::sweep;
 use idemproxy::config;
 use idemproxy::metrics::Metrics;
 use idemproxy::store::AnyStore;
-use idemproxy::sweep;
 use tokio::net::TcpListener;
 
 use cli::{Cli, Command};
@@ -74,7 +74,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 .as_ref()
                 .map_or(config::DEFAULT_SWEEP_BATCH, |c| c.sweep_batch);
             let unresolved = full.as_ref().and_then(|c| c.unresolved_retention);
-            let deleted = sweep::sweep_once(&store, batch, unresolved, &Metrics::new())
+            let deleted = sweep::once(&store, batch, unresolved, &Metrics::new())
                 .await
                 .context("sweeping")?;
             write_stdout(&format!("deleted {deleted} expired keys\n"))?;
@@ -161,7 +161,7 @@ async fn rekey(args: &cli::RekeyArgs) -> anyhow::Result<()> {
     idemproxy::store::KeyStore::ping(&store)
         .await
         .context("checking the store")?;
-    let report = idemproxy::rekey::rekey(&store, &encryption.vault(), args.batch)
+    let report = idemproxy::background::rekey::once(&store, &encryption.vault(), args.batch)
         .await
         .context("rekeying")?;
     write_stdout(&format!("{}\n", report.summary()))?;

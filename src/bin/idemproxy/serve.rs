@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use idemproxy::background::Background;
 use idemproxy::config::{self, Config, StoreConfig};
 use idemproxy::proxy::Proxy;
 use idemproxy::store::{AnyStore, KeyFormAgreement, KeyStore, PgStore, SettleKeyForm, StoreError};
-use idemproxy::sweep;
 use tokio::net::TcpListener;
 
 use crate::commands::apply_migrations;
@@ -66,30 +66,7 @@ pub async fn serve(
             let _ = stopped.changed().await;
         },
     ));
-    let sweeper = tokio::spawn(sweep::run(
-        store,
-        config.sweep_interval,
-        config.sweep_batch,
-        config.unresolved_retention,
-        Arc::clone(proxy.metrics()),
-    ));
-    let counter = {
-        let proxy = proxy.clone();
-        tokio::spawn(async move {
-            proxy
-                .run_unresolved_count(idemproxy::proxy::UNRESOLVED_COUNT_INTERVAL)
-                .await
-        })
-    };
-    let reconciler = config.reconcile.map(|r| {
-        tracing::info!(
-            interval = %config::units::format_duration(r.interval),
-            batch = r.batch,
-            "reconciler on: unresolved keys of routes with a recovery_probe are settled by asking it"
-        );
-        let proxy = proxy.clone();
-        tokio::spawn(async move { proxy.run_reconciler(r).await })
-    });
+    let background = Background::start(&proxy);
     let reloader = hangups.map(|hangups| {
         let proxy = proxy.clone();
         tokio::spawn(async move { reload::on_hangup(proxy, source, hangups).await })
@@ -111,16 +88,12 @@ pub async fn serve(
         idemproxy::server::run_threaded(listeners, proxy, shutdown, config.shutdown_grace)
             .await
             .context("starting the server threads");
-    sweeper.abort();
-    counter.abort();
+    background.stop();
     if let Some(agreement) = agreement {
         agreement.abort();
     }
     if let Some(reloader) = reloader {
         reloader.abort();
-    }
-    if let Some(reconciler) = reconciler {
-        reconciler.abort();
     }
     drop(stop);
     let _ = admin.await;

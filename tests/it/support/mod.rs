@@ -19,6 +19,7 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use idemproxy::background::Background;
 use idemproxy::config::{Overrides, StoreConfig};
 use idemproxy::proxy::Proxy;
 use idemproxy::store::{AnyStore, KeyRecord, KeyStore, PgStore, migrate};
@@ -897,8 +898,9 @@ pub struct TestProxy {
     shutdown: Option<oneshot::Sender<()>>,
     handle: tokio::task::JoinHandle<bool>,
     admin_handle: tokio::task::JoinHandle<()>,
-    /// The reconciler, when the configuration turns it on (as `serve` runs it).
-    reconciler: Option<tokio::task::JoinHandle<()>>,
+    /// The sweep, the unresolved-keys gauge and (when configured) the reconciler, started
+    /// as `serve` starts them.
+    background: Option<Background>,
 }
 
 impl TestProxy {
@@ -924,10 +926,7 @@ impl TestProxy {
             config.admin_token.clone(),
             std::future::pending(),
         ));
-        let reconciler = config.reconcile.map(|r| {
-            let proxy = proxy.clone();
-            tokio::spawn(async move { proxy.run_reconciler(r).await })
-        });
+        let background = Some(Background::start(&proxy));
         let (tx, rx) = oneshot::channel::<()>();
         let handle = tokio::spawn(idemproxy::server::run(
             listener,
@@ -944,7 +943,7 @@ impl TestProxy {
             shutdown: Some(tx),
             handle,
             admin_handle,
-            reconciler,
+            background,
         }
     }
 
@@ -953,8 +952,8 @@ impl TestProxy {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        if let Some(reconciler) = &self.reconciler {
-            reconciler.abort();
+        if let Some(background) = self.background.take() {
+            background.stop();
         }
         let _ = (&mut self.handle).await;
         self.admin_handle.abort();

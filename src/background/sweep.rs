@@ -14,7 +14,7 @@ use crate::store::{KeyStore, StoreError};
 
 /// One full pass: batches until a batch comes back short, then (with `unresolved_for`)
 /// the unresolved keys past that bound. Returns the rows deleted.
-pub async fn sweep_once<S: KeyStore>(
+pub async fn once<S: KeyStore>(
     store: &S,
     batch: i64,
     unresolved_for: Option<Duration>,
@@ -92,7 +92,7 @@ pub async fn run<S: KeyStore>(
 ) {
     loop {
         tokio::time::sleep(interval).await;
-        match sweep_once(&store, batch, unresolved_for, &metrics).await {
+        match once(&store, batch, unresolved_for, &metrics).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(deleted = n, "retention sweep"),
             Err(e) => tracing::warn!(cause = %e, "retention sweep failed; will try again"),

@@ -57,7 +57,7 @@ impl Report {
 pub const DEFAULT_BATCH: i64 = 500;
 
 /// One pass over the whole table, `batch` rows at a time.
-pub async fn rekey<S: Reseal>(store: &S, vault: &Vault, batch: i64) -> Result<Report, StoreError> {
+pub async fn once<S: Reseal>(store: &S, vault: &Vault, batch: i64) -> Result<Report, StoreError> {
     let mut report = Report {
         active: vault.active().to_owned(),
         ..Report::default()
