@@ -22,13 +22,13 @@ use super::provider;
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// One answer, printed the way the article prints it: `(status, body)` or `(status, title)`.
-struct Answer {
+struct Printed {
     status: u16,
     body: serde_json::Value,
     replayed: bool,
 }
 
-impl std::fmt::Display for Answer {
+impl std::fmt::Display for Printed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.body.get("title") {
             Some(title) => write!(f, "({}, {title})", self.status)?,
@@ -56,7 +56,7 @@ impl Demo {
         client: &str,
         key: &str,
         amount: u64,
-    ) -> anyhow::Result<Answer> {
+    ) -> anyhow::Result<Printed> {
         let body = format!(
             r#"{{"amount":{amount},"currency":"RUB","recipient":"shop","purpose":"order"}}"#
         );
@@ -73,7 +73,7 @@ impl Demo {
             .is_some_and(|v| v == "true");
         let bytes = resp.into_body().collect().await?.to_bytes();
         let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-        Ok(Answer {
+        Ok(Printed {
             status,
             body,
             replayed,

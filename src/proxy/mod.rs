@@ -1,12 +1,12 @@
 //! The request path: route lookup, pass-through, and the idempotency state machine.
 
-mod execute;
 mod forward;
 mod headers;
 mod job;
 mod key;
 mod lease;
 mod live;
+mod machine;
 mod observe;
 mod pool;
 mod protect;

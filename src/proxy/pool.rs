@@ -21,7 +21,7 @@ use tower_service::Service;
 use crate::body::BoxError;
 use crate::http1::BodyError;
 use crate::http1::client::Connection;
-use crate::http1::client::answer::Answer;
+use crate::http1::client::answer::AnswerBody;
 
 /// How long an unused upstream connection is kept.
 pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -58,7 +58,7 @@ struct Idle {
 /// An upstream answer's body. It holds its connection's permit until it is dropped, and
 /// returns the connection to the pool when it ends.
 pub struct UpstreamBody {
-    pub(super) inner: Answer,
+    pub(super) inner: AnswerBody,
     pub(super) pool: Arc<Pool>,
     pub(super) _permit: OwnedSemaphorePermit,
 }

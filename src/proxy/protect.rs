@@ -16,9 +16,9 @@ use http_body_util::Full;
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
-use super::execute::{Job, Outcome, run};
 use super::headers::detach_headers;
 use super::key::{body_key, client_id, formatted_derived_key, scoped_key};
+use super::machine::{Job, Outcome, run};
 use super::rewrite::set_key;
 use super::state::Shared;
 use crate::body::{BoxError, CollectError, ProxyBody, collect_limited};

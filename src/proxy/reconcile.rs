@@ -17,8 +17,8 @@ use std::time::Duration;
 use http::HeaderValue;
 use tokio::sync::{Semaphore, oneshot};
 
-use super::execute::conclude;
 use super::lease::{Finish, Holder, fence_for};
+use super::machine::conclude;
 use super::state::{Proxy, Shared};
 use super::upstream::{Probe, ask_probe};
 use crate::config::{Reconcile, Route};

@@ -101,7 +101,7 @@ pub(super) async fn before_serving<T>(
 
 /// Serves one connection in `protocol` until it ends or the server drains: HTTP/1 by this
 /// crate's own connection ([`crate::http1::server`]), HTTP/2 by hyper.
-pub(super) async fn serve<S: KeyStore, I>(
+pub(super) async fn serve_protocol<S: KeyStore, I>(
     protocols: &Protocols,
     protocol: Protocol,
     io: I,
@@ -117,7 +117,10 @@ where
         Protocol::Http1 => {
             // Held to the end: the drain waits for every watcher to be dropped.
             let _watcher = watcher;
-            Ok(crate::http1::server::serve(io, &proxy, peer, protocols.h1, draining).await?)
+            Ok(
+                crate::http1::server::serve_connection(io, &proxy, peer, protocols.h1, draining)
+                    .await?,
+            )
         }
         // Boxed: HTTP/2's connection state is larger, and HTTP/1 connections are the many.
         Protocol::Http2 => {

@@ -29,7 +29,7 @@ mod conn;
 use crate::metrics::KindLabel;
 use crate::proxy::Proxy;
 use crate::store::KeyStore;
-use conn::{ConnError, Protocol, Protocols, before_serving, serve, sniff};
+use conn::{ConnError, Protocol, Protocols, before_serving, serve_protocol, sniff};
 
 /// Serves `proxy` on `listener` until `shutdown` resolves, then stops accepting, lets
 /// in-flight requests and their completions finish (up to `grace`), and returns whether
@@ -242,7 +242,7 @@ async fn accept<S: KeyStore>(
                 None => match before_serving(&draining, head_timeout, sniff(&stream)).await {
                     None => Ok(()),
                     Some(Ok(Ok(protocol))) => {
-                        serve(
+                        serve_protocol(
                             &protocols, protocol, stream, proxy, peer, &draining, watcher,
                         )
                         .await
@@ -262,8 +262,10 @@ async fn accept<S: KeyStore>(
                                     Some(b"h2") => Protocol::Http2,
                                     _ => Protocol::Http1,
                                 };
-                                serve(&protocols, protocol, tls, proxy, peer, &draining, watcher)
-                                    .await
+                                serve_protocol(
+                                    &protocols, protocol, tls, proxy, peer, &draining, watcher,
+                                )
+                                .await
                             }
                             Some(Ok(Err(e))) => Err(ConnError::Tls(e.to_string())),
                             Some(Err(_)) => Err(ConnError::Tls("handshake timed out".into())),

@@ -54,14 +54,14 @@ struct Entry {
     client_id: Box<str>,
     key: Box<str>,
     fingerprint: Fingerprint,
-    answer: Answer,
+    answer: Cached,
     until: Instant,
     size: usize,
     serial: u64,
 }
 
 #[derive(Clone)]
-enum Answer {
+enum Cached {
     /// As the store keeps it: sealed answers stay sealed in memory too, and are opened by
     /// the proxy on each replay like any other.
     Done(StoredResponse),
@@ -115,8 +115,8 @@ impl ReplayCache {
         }
         self.hits.fetch_add(1, Ordering::Relaxed);
         Some(match entry.answer.clone() {
-            Answer::Done(stored) => Reservation::Done(stored),
-            Answer::NotReplayable { status } => Reservation::NotReplayable { status },
+            Cached::Done(stored) => Reservation::Done(stored),
+            Cached::NotReplayable { status } => Reservation::NotReplayable { status },
         })
     }
 
@@ -130,16 +130,16 @@ impl ReplayCache {
         until: Instant,
     ) {
         let answer = match reservation {
-            Reservation::Done(r) => Answer::Done(r.clone()),
-            Reservation::NotReplayable { status } => Answer::NotReplayable { status: *status },
+            Reservation::Done(r) => Cached::Done(r.clone()),
+            Reservation::NotReplayable { status } => Cached::NotReplayable { status: *status },
             _ => return,
         };
         let size = OVERHEAD
             + req.client_id.len()
             + req.key.len()
             + match &answer {
-                Answer::Done(r) => r.headers.len() + r.body.len(),
-                Answer::NotReplayable { .. } => 0,
+                Cached::Done(r) => r.headers.len() + r.body.len(),
+                Cached::NotReplayable { .. } => 0,
             };
         // One large answer must not push out everything else.
         if size > self.budget / 8 || !self.live.load(Ordering::Acquire) {

@@ -103,7 +103,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 path: target.file.config.clone(),
                 overrides,
             };
-            serve::serve(std::sync::Arc::new(config), args.migrate, source).await
+            serve::run(std::sync::Arc::new(config), args.migrate, source).await
         }
     }
 }

@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use crate::commands::apply_migrations;
 use crate::reload;
 
-pub async fn serve(
+pub async fn run(
     config: Arc<Config>,
     run_migrations: bool,
     source: reload::Source,

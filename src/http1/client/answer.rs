@@ -100,14 +100,14 @@ fn answer_framing(
 }
 
 /// An answer's body, read from its connection; the connection is given back by
-/// [`Answer::into_connection`] once the body has ended.
-pub struct Answer {
+/// [`AnswerBody::into_connection`] once the body has ended.
+pub struct AnswerBody {
     decoder: Decoder,
     conn: Option<Connection>,
     reusable: bool,
 }
 
-impl Answer {
+impl AnswerBody {
     pub(super) fn new(decoder: Decoder, conn: Connection, reusable: bool) -> Self {
         Self {
             decoder,
@@ -131,7 +131,7 @@ impl Answer {
     }
 }
 
-impl Body for Answer {
+impl Body for AnswerBody {
     type Data = Bytes;
     type Error = BodyError;
 

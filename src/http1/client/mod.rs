@@ -24,7 +24,7 @@ use super::decode::Decoder;
 use super::encode::{head_capacity, push_fields, write_message};
 use super::io::{Io, Transport};
 use crate::body::BoxError;
-use answer::{Answer, parse_head};
+use answer::{AnswerBody, parse_head};
 
 /// Largest answer head.
 const MAX_HEAD: usize = 256 * 1024;
@@ -65,12 +65,12 @@ impl Connection {
     }
 
     /// Sends `head` and `body` and reads the answer's head; the answer's body is read
-    /// through the returned [`Answer`].
+    /// through the returned [`AnswerBody`].
     pub async fn send<B>(
         mut self,
         head: request::Parts,
         body: B,
-    ) -> Result<Response<Answer>, SendError>
+    ) -> Result<Response<AnswerBody>, SendError>
     where
         B: Body<Data = Bytes> + Unpin,
         B::Error: Into<BoxError>,
@@ -87,7 +87,7 @@ impl Connection {
         if self.pending.capacity() > 0 && self.pending.is_empty() {
             self.pending = Vec::new();
         }
-        let answer = Answer::new(Decoder::new(framing), self, reusable);
+        let answer = AnswerBody::new(Decoder::new(framing), self, reusable);
         Ok(Response::from_parts(parts, answer))
     }
 

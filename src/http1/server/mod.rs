@@ -89,7 +89,7 @@ impl ConnError {
 
 /// Serves HTTP/1 requests on `transport` until the client closes, a request asks to, the
 /// framing breaks, or the server drains.
-pub(crate) async fn serve<H: Handler>(
+pub(crate) async fn serve_connection<H: Handler>(
     transport: impl Transport + 'static,
     handler: &H,
     peer: SocketAddr,

@@ -1,6 +1,6 @@
-//! The detached part of a protected request, as named stages: [`reserve`] → [`execute`]
-//! (lease renewed meanwhile, see [`super::lease`]) → [`conclude`]: complete or release →
-//! answer.
+//! The key state machine: the detached part of a protected request, as named stages:
+//! [`reserve`] → [`execute`] (lease renewed meanwhile, see [`super::lease`]) →
+//! [`conclude`]: complete or release → answer.
 //!
 //! It runs as its own task, so that the client going away changes nothing: the upstream
 //! call and the completion run to the end, and the retry that arrives a moment later gets
