@@ -83,6 +83,19 @@ pub enum ProxyError {
     Internal,
 }
 
+impl Problem {
+    /// A problem of type `urn:idemproxy:problem:{slug}`: how the request path's answers
+    /// and the admin API's are both made.
+    pub fn new(status: StatusCode, slug: &str, title: &'static str, detail: String) -> Self {
+        Problem {
+            kind: format!("{TYPE_PREFIX}{slug}"),
+            title,
+            status: status.as_u16(),
+            detail,
+        }
+    }
+}
+
 /// Problem types are URNs: stable identifiers, documented in the README, that do not
 /// pretend to be a resolvable page.
 const TYPE_PREFIX: &str = "urn:idemproxy:problem:";
@@ -103,49 +116,36 @@ impl From<&HeadError> for ProxyError {
 impl ProxyError {
     /// The HTTP status this outcome is answered with.
     pub fn status(&self) -> StatusCode {
+        self.entry().0
+    }
+
+    /// Seconds after which a retry with the same key can help (`Retry-After`), where one
+    /// can.
+    pub fn retry_after(&self) -> Option<u64> {
         match self {
-            ProxyError::MissingKey { .. }
-            | ProxyError::InvalidKey { .. }
-            | ProxyError::InvalidBodyKey { .. }
-            | ProxyError::InvalidClientId { .. }
-            | ProxyError::InvalidPath(_)
-            | ProxyError::BodyRead(_)
-            | ProxyError::KeyPlacement { .. }
-            | ProxyError::MalformedHead(_)
-            | ProxyError::Body(_) => StatusCode::BAD_REQUEST,
-            ProxyError::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            ProxyError::UnsupportedCoding(_) => StatusCode::NOT_IMPLEMENTED,
-            ProxyError::MissingClientId {
-                unauthorized: true, ..
-            } => StatusCode::UNAUTHORIZED,
-            ProxyError::MissingClientId {
-                unauthorized: false,
-                ..
-            } => StatusCode::BAD_REQUEST,
-            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            ProxyError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            ProxyError::InProgress { .. } => StatusCode::CONFLICT,
-            // Final, not 409: clients with automatic retries retry every 409 and would loop
-            // on an answer that will never come.
-            ProxyError::NotReplayable { .. } => StatusCode::GONE,
-            ProxyError::OutcomeUnknown => StatusCode::FAILED_DEPENDENCY,
-            ProxyError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::UpstreamUnreachable(_) | ProxyError::UpstreamFailed(_) => {
-                StatusCode::BAD_GATEWAY
-            }
-            ProxyError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            ProxyError::ProbeInconclusive { .. } => StatusCode::BAD_GATEWAY,
-            ProxyError::Internal | ProxyError::StoredAnswerUnreadable(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            ProxyError::InProgress { retry_after } => Some(retry_secs(*retry_after)),
+            ProxyError::StoreUnavailable(_) => Some(1),
+            _ => None,
         }
     }
 
     /// The problem document a client sees.
     pub fn problem(&self) -> Problem {
-        let (slug, title, detail) = match self {
+        self.document().1
+    }
+
+    /// The status and the problem document, from one look at the table.
+    fn document(&self) -> (StatusCode, Problem) {
+        let (status, slug, title, detail) = self.entry();
+        (status, Problem::new(status, slug, title, detail))
+    }
+
+    /// The one table of outcomes: each variant's status, problem type, title and detail.
+    /// 5xx details stay generic: causes go to the log, not the client.
+    fn entry(&self) -> (StatusCode, &'static str, &'static str, String) {
+        match self {
             ProxyError::MissingKey { header, body } => (
+                StatusCode::BAD_REQUEST,
                 "missing-key",
                 "Idempotency key required",
                 match body {
@@ -154,143 +154,168 @@ impl ProxyError {
                 },
             ),
             ProxyError::InvalidBodyKey { field, reason } => (
+                StatusCode::BAD_REQUEST,
                 "invalid-key",
                 "Invalid idempotency key",
                 format!("The key in the body at `{field}` is invalid: {reason}. Nothing was reserved; send the request again with a valid key."),
             ),
             ProxyError::InvalidKey { header, reason } => (
+                StatusCode::BAD_REQUEST,
                 "invalid-key",
                 "Invalid idempotency key",
                 format!("The `{header}` header is invalid: {reason}. Nothing was reserved; send the request again with a valid key."),
             ),
-            ProxyError::MissingClientId { what, .. } => (
+            ProxyError::MissingClientId { what, unauthorized } => (
+                if *unauthorized {
+                    StatusCode::UNAUTHORIZED
+                } else {
+                    StatusCode::BAD_REQUEST
+                },
                 "missing-client-id",
                 "Client identity required",
                 format!("Idempotency keys are kept per client, and this request carries no client identity ({what}). Nothing was reserved."),
             ),
             ProxyError::InvalidPath(reason) => (
+                StatusCode::BAD_REQUEST,
                 "invalid-path",
                 "Ambiguous request path",
                 format!("The request path cannot be read unambiguously: {reason}. It was not forwarded and nothing was reserved; send it again spelled plainly (e.g. `/payments`)."),
             ),
             ProxyError::InvalidClientId { reason } => (
+                StatusCode::BAD_REQUEST,
                 "invalid-client-id",
                 "Invalid client identity",
                 format!("The client identity is invalid: {reason}. Nothing was reserved."),
             ),
             ProxyError::BodyTooLarge { limit } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
                 "body-too-large",
                 "Request body too large",
                 format!("The request body exceeds the limit of {limit} bytes for this endpoint. Nothing was reserved."),
             ),
             ProxyError::BodyTimeout => (
+                StatusCode::REQUEST_TIMEOUT,
                 "body-timeout",
                 "Request body too slow",
                 "The request body did not arrive in time. Nothing was reserved; send the request again with the same key.".to_owned(),
             ),
             ProxyError::BodyRead(_) => (
+                StatusCode::BAD_REQUEST,
                 "body-unreadable",
                 "Request body could not be read",
                 "The request body ended early or was malformed. Nothing was reserved; send the request again with the same key.".to_owned(),
             ),
             ProxyError::KeyPlacement { field, reason } => (
+                StatusCode::BAD_REQUEST,
                 "invalid-body",
                 "Invalid request body",
                 format!("This endpoint passes the idempotency key to the provider in the body at `{field}`, and this body cannot carry it there: {reason}. Nothing was reserved; fix the body and send it again with the same key."),
             ),
             ProxyError::Body(e) => (
+                StatusCode::BAD_REQUEST,
                 "invalid-body",
                 "Invalid request body",
                 format!("{e}. Nothing was reserved; fix the body and send it again with the same key."),
             ),
             ProxyError::KeyReused => (
+                StatusCode::UNPROCESSABLE_ENTITY,
                 "key-reused",
                 "Idempotency key already used",
                 "This idempotency key was already used for a different request (method, path, query or body differ). Use a new key for a new operation.".to_owned(),
             ),
             ProxyError::InProgress { retry_after } => (
+                StatusCode::CONFLICT,
                 "in-progress",
                 "Request in progress",
                 format!("A request with this idempotency key is still being processed. Retry after {} s to get its result; do not change the key.", retry_secs(*retry_after)),
             ),
             ProxyError::OutcomeUnknown => (
+                StatusCode::FAILED_DEPENDENCY,
                 "outcome-unknown",
                 "Outcome unknown",
                 "An earlier request with this idempotency key reached the upstream service, but its outcome was never learned (it timed out or the connection broke), and this route never executes an operation twice. It may or may not have happened; the operator has been told. Do not retry this key: look the operation up with the upstream service, or ask the operator to resolve the key.".to_owned(),
             ),
+            // Final, not 409: clients with automatic retries retry every 409 and would loop
+            // on an answer that will never come.
             ProxyError::NotReplayable { status } => (
+                StatusCode::GONE,
                 "not-replayable",
                 "Result cannot be replayed",
                 format!("A request with this idempotency key was already executed (upstream status {status}), but its answer was too large to store, so it cannot be replayed. It will not be executed again: do not retry this key; look the operation up with the upstream service instead."),
             ),
             ProxyError::StoreUnavailable(e) if e.is_unreachable() => (
+                StatusCode::SERVICE_UNAVAILABLE,
                 "store-unavailable",
                 "Idempotency store unavailable",
                 "The idempotency store cannot be reached, so the request was not forwarded. It is safe to retry with the same key.".to_owned(),
             ),
             ProxyError::StoreUnavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
                 "store-failed",
                 "Idempotency store failed",
                 "The idempotency store answered with an error, so the request was not forwarded. The operator has the cause in the proxy's log; it is safe to retry with the same key.".to_owned(),
             ),
             ProxyError::UpstreamUnreachable(_) => (
+                StatusCode::BAD_GATEWAY,
                 "upstream-unreachable",
                 "Upstream unreachable",
                 "The upstream service could not be reached, so the request was not sent (and its idempotency key, if any, was released). It is safe to retry with the same key.".to_owned(),
             ),
             ProxyError::UpstreamFailed(_) => (
+                StatusCode::BAD_GATEWAY,
                 "upstream-failed",
                 "Upstream connection failed",
                 "The connection to the upstream service failed after the request was sent, so its outcome is unknown. Retry with the same key: the retry is answered once the outcome is settled.".to_owned(),
             ),
             ProxyError::UpstreamTimeout => (
+                StatusCode::GATEWAY_TIMEOUT,
                 "upstream-timeout",
                 "Upstream timed out",
                 "The upstream service did not answer in time, so the outcome is unknown. Retry with the same key: the retry is answered once the outcome is settled.".to_owned(),
             ),
             ProxyError::ProbeInconclusive { .. } => (
+                StatusCode::BAD_GATEWAY,
                 "probe-inconclusive",
                 "Outcome of an earlier attempt unknown",
                 "An earlier attempt with this key may have been executed, and the upstream could not confirm either way, so the request was not executed again. Retry with the same key later.".to_owned(),
             ),
             ProxyError::StoredAnswerUnreadable(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
                 "stored-answer-unreadable",
                 "Stored answer cannot be read",
                 "A request with this idempotency key was already executed, but the proxy cannot decrypt its stored answer, so it is neither replayed nor executed again. The operator has been told; retry later with the same key (not a new one: the operation has happened).".to_owned(),
             ),
             ProxyError::HeadTooLarge { limit, fields } => (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                 "head-too-large",
                 "Request head too large",
                 format!("The request line and header fields exceed {limit} bytes (or {fields} fields). Nothing was forwarded or reserved; send fewer or shorter header fields."),
             ),
             ProxyError::MalformedHead(reason) => (
+                StatusCode::BAD_REQUEST,
                 "malformed-request",
                 "Malformed request",
                 format!("The request could not be read as HTTP/1.1: {reason}. Nothing was forwarded or reserved, and the connection is closed; send the request again on a new connection."),
             ),
             ProxyError::UnsupportedCoding(coding) => (
+                StatusCode::NOT_IMPLEMENTED,
                 "unsupported-transfer-coding",
                 "Transfer coding not supported",
                 format!("The request body is sent with the transfer coding `{coding}`, which the proxy does not decode (only `chunked`). Nothing was forwarded or reserved; send the body unencoded, or with `Content-Encoding`."),
             ),
             ProxyError::Internal => (
+                StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
                 "Internal error",
                 "The proxy failed while handling this request. Retry with the same key.".to_owned(),
             ),
-        };
-        Problem {
-            kind: format!("{TYPE_PREFIX}{slug}"),
-            title,
-            status: self.status().as_u16(),
-            detail,
         }
     }
 
     /// The full response, with `Retry-After` where a retry will help.
     pub fn into_response(self) -> Response<ProxyBody> {
-        let status = self.status();
-        let body = serde_json::to_vec(&self.problem()).unwrap_or_default();
+        let (status, problem) = self.document();
+        let body = serde_json::to_vec(&problem).unwrap_or_default();
         let mut resp = Response::new(full(Bytes::from(body)));
         *resp.status_mut() = status;
         let headers = resp.headers_mut();
@@ -299,14 +324,8 @@ impl ProxyError {
             HeaderValue::from_static("application/problem+json"),
         );
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        if let ProxyError::InProgress { retry_after } = &self {
-            headers.insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(retry_secs(*retry_after)),
-            );
-        }
-        if let ProxyError::StoreUnavailable(_) = &self {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        if let Some(seconds) = self.retry_after() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         resp
     }

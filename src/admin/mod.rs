@@ -371,12 +371,7 @@ fn problem(
     title: &'static str,
     detail: &str,
 ) -> Response<ProxyBody> {
-    let body = Problem {
-        kind: format!("urn:idemproxy:problem:{slug}"),
-        title,
-        status: status.as_u16(),
-        detail: detail.to_owned(),
-    };
+    let body = Problem::new(status, slug, title, detail.to_owned());
     text(
         status,
         "application/problem+json",
