@@ -7,24 +7,31 @@
 //! included — is stored under a fencing token and replayed to every retry.
 //!
 //! # Layout
-//! - [`config`]: YAML file → validated [`config::Config`]; the only module that knows files.
-//! - [`path`]: the one normalised spelling of a request path; [`route`]: path patterns and
-//!   the route table.
-//! - [`fingerprint`] and [`canonical`]: what makes two requests the same operation.
-//! - [`store`]: the key table ([`store::KeyStore`]) and its PostgreSQL implementation.
-//! - [`proxy`]: the request path — pass-through, protection, detached execution.
-//! - [`problem`]: every error the proxy answers itself, as RFC 9457 problem+json.
-//! - [`server`]: accept loop, the client connections' HTTP/1 and graceful drain;
-//!   [`shutdown`]: the stop signal.
-//! - [`http1`]: HTTP/1.1 on the wire (transport, bodies, messages) and the upstream
-//!   connection.
-//! - [`admin`]: health, readiness, metrics and the key admin API on the admin listener.
-//! - [`metrics`]: the Prometheus registry; [`otlp`]: traces by OTLP; [`sweep`]: retention;
-//!   [`rekey`]: stored answers moved to the active encryption key.
-//! - [`tls`]: rustls configurations for HTTPS upstreams and the TLS listener.
-//! - [`vault`]: the key ring that seals stored answers at rest (`encryption:`);
-//!   [`key_form`]: idempotency keys stored as keyed hashes (`encryption.hash_keys`).
-//! - [`demo`]: the seed article's story, runnable (`idemproxy demo`, `idemproxy demo-provider`).
+//! The top-level modules form layers, each using only those above it (CI checks there is
+//! no import cycle between them, with `shared/tools/modcycles.py`):
+//! - Leaves: [`body`] (the one response body type), [`key`] (a key's id, hash, derived
+//!   form, and [`key::form`] — keys kept as keyed hashes), [`stored`] (a stored answer),
+//!   [`path`] and [`route`] (the normalised path, route patterns), [`fingerprint`] and
+//!   [`canonical`] (what makes two requests the same operation), [`http1`] (HTTP/1.1 on the
+//!   wire: shared parts, [`http1::server`] for clients' connections, [`http1::client`] for
+//!   the upstream's), [`tls`], [`vault`] (the key ring that seals stored answers),
+//!   [`shutdown`].
+//! - [`config`]: YAML file → validated [`config::Config`] with its
+//!   [`config::RouteTable`]; the only module that knows files.
+//! - [`store`]: the key table's contract ([`store::KeyStore`], group commit, the replay
+//!   cache) and its two backends, each in a folder of its own (`store/postgres/`,
+//!   `store/embedded/`); [`metrics`] and [`otlp`]: what the proxy reports.
+//! - [`problem`]: every error the proxy answers itself, as RFC 9457 problem+json, from one
+//!   table.
+//! - [`proxy`]: the request path — pass-through, protection, the key state machine
+//!   (`proxy/machine.rs`), the upstream pool.
+//! - [`background`]: the sweep, the reconciler's and the gauge's loops, rekey — started
+//!   together by [`background::Background::start`].
+//! - [`server`]: accept loops, protocol sniffing and graceful drain; [`admin`]: health,
+//!   readiness, metrics and the key admin API; [`demo`]: the seed article's story,
+//!   runnable (`idemproxy demo`, `idemproxy demo-provider`).
+//! - The binary (`src/bin/idemproxy/`): the command line, `serve`, reloads, one-shot
+//!   commands.
 
 pub mod admin;
 pub mod background;

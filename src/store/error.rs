@@ -41,7 +41,7 @@ pub enum StoreError {
 
 impl StoreError {
     /// Whether a TLS handshake with the server failed (see
-    /// [`super::postgres::HandshakeFailed`]): a certificate to fix, not an outage to wait out.
+    /// `postgres::HandshakeFailed`): a certificate to fix, not an outage to wait out.
     pub fn is_tls(&self) -> bool {
         match self {
             StoreError::Shared(e) => e.is_tls(),

@@ -100,7 +100,7 @@ fn answer_framing(
 }
 
 /// An answer's body, read from its connection; the connection is given back by
-/// [`AnswerBody::into_connection`] once the body has ended.
+/// [`AnswerBody::take_connection`] once the body has ended.
 pub struct AnswerBody {
     decoder: Decoder,
     conn: Option<Connection>,

@@ -11,7 +11,7 @@
 //!
 //! What the connection does, in order: wait for a head (within the header timeout, and
 //! not at all once the server drains), refuse a malformed one with a problem answer and
-//! close, lend the body to the request ([`body`]), answer, take the body's transport back,
+//! close, lend the body to the request (`body.rs`), answer, take the body's transport back,
 //! and carry on only if the framing is known to be intact. A client that hangs up while
 //! its request waits ends the request's future, as it did under hyper; the proxy's
 //! detached work is not tied to it.
