@@ -24,7 +24,7 @@ use crate::config::DEFAULT_RETENTION;
 use crate::key::hex;
 use crate::proxy::Proxy;
 use crate::proxy::encode_block;
-use crate::store::{Completion, Fence, Fenced, KeyStore, StoredResponse};
+use crate::store::{Completion, Fence, Fenced, KeyState, KeyStore, StoredResponse};
 
 /// Largest resolution body accepted.
 const MAX_BODY: usize = 4 << 20;
@@ -153,12 +153,12 @@ async fn resolve<S: KeyStore>(
         }
         Err(e) => return store_failed(&e),
     };
-    if row.status == "done" {
+    if row.state == KeyState::Done {
         return conflict(
             "The key is completed: its answer is replayed. Nothing to resolve (evict it to let the next request execute).",
         );
     }
-    if row.lease_remaining_ms.is_some_and(|ms| ms >= 0) {
+    if let KeyState::InProgress { .. } = row.state {
         return conflict(
             "The key's lease is live: a worker is executing it now. Only a key whose lease ran out can be resolved; look again once it has.",
         );

@@ -11,7 +11,7 @@ pub(super) struct KeyView<'a> {
     client_id: &'a str,
     key: &'a str,
     route: &'a str,
-    status: &'a str,
+    status: &'static str,
     fingerprint: String,
     lease_token: i64,
     lease_remaining_ms: Option<i64>,
@@ -39,9 +39,8 @@ impl<'a> KeyView<'a> {
     /// The row, marked with whether a reconciler will handle it (`probed`: its route has a
     /// recovery probe and the reconciler is on).
     pub fn new(r: &'a KeyRecord, probed: bool) -> Self {
-        let unresolved = r.status == "in_progress" && r.lease_remaining_ms.is_some_and(|ms| ms < 0);
         KeyView {
-            reconciler: probed && unresolved,
+            reconciler: probed && r.state.is_unresolved(),
             ..KeyView::from(r)
         }
     }
@@ -53,11 +52,11 @@ impl<'a> From<&'a KeyRecord> for KeyView<'a> {
             client_id: &r.client_id,
             key: &r.key,
             route: &r.route,
-            status: &r.status,
+            status: r.state.status(),
             fingerprint: hex(&r.fingerprint),
             lease_token: r.lease_token,
-            lease_remaining_ms: r.lease_remaining_ms,
-            lease_expired: r.lease_remaining_ms.is_some_and(|ms| ms < 0),
+            lease_remaining_ms: r.state.lease_remaining_ms(),
+            lease_expired: r.state.is_unresolved(),
             attempts: r.attempts,
             response_status: r.response_status,
             response_body_bytes: r.response_body_bytes,

@@ -28,8 +28,8 @@ pub use rehash::{RehashKeys, Rehashed};
 pub use replay_cache::ReplayCache;
 pub use reseal::{Reseal, StoredRow};
 pub use types::{
-    CacheStatus, Claim, Completion, Fence, Fenced, KeyRecord, KeyStore, Lease, PoolStatus,
-    Reservation, ReserveRequest,
+    CacheStatus, Claim, Completion, Fence, Fenced, KeyRecord, KeyState, KeyStore, Lease,
+    PoolStatus, Reservation, ReserveRequest,
 };
 pub use waiters::Waiters;
 

@@ -162,12 +162,10 @@ pub struct KeyRecord {
     pub client_id: String,
     pub key: String,
     pub route: String,
-    /// `in_progress` or `done`.
-    pub status: String,
+    /// In progress (with its lease), unresolved, or done.
+    pub state: KeyState,
     pub fingerprint: Vec<u8>,
     pub lease_token: i64,
-    /// Milliseconds until the lease runs out; negative once it has (`None` when done).
-    pub lease_remaining_ms: Option<i64>,
     pub attempts: i32,
     pub response_status: Option<u16>,
     pub response_body_bytes: Option<i64>,
@@ -184,6 +182,57 @@ pub struct KeyRecord {
     pub derived_key: Option<String>,
     /// The key of the ring the stored answer is sealed with; `None`: in clear (or none).
     pub sealed_with: Option<String>,
+}
+
+/// Where a key stands. The table keeps two states (`in_progress`, `done`); an in-progress
+/// key whose lease ran out is told apart because nobody knows whether its operation
+/// happened: only a takeover, the reconciler or an operator ends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyState {
+    /// A worker holds the lease for this much longer.
+    InProgress { lease_remaining_ms: i64 },
+    /// The lease ran out this long ago (0 for a row in progress with no lease time, which
+    /// no write makes).
+    Unresolved { lease_expired_ms: i64 },
+    /// The answer is stored.
+    Done,
+}
+
+impl KeyState {
+    /// From a row's stored status and its lease's remaining time (negative once run out).
+    pub fn from_row(done: bool, lease_remaining_ms: Option<i64>) -> Self {
+        match (done, lease_remaining_ms) {
+            (true, _) => KeyState::Done,
+            (false, Some(ms)) if ms >= 0 => KeyState::InProgress {
+                lease_remaining_ms: ms,
+            },
+            (false, ms) => KeyState::Unresolved {
+                lease_expired_ms: ms.map_or(0, |ms| -ms),
+            },
+        }
+    }
+
+    /// The status as the table keeps it: `in_progress` or `done`.
+    pub fn status(&self) -> &'static str {
+        match self {
+            KeyState::Done => "done",
+            KeyState::InProgress { .. } | KeyState::Unresolved { .. } => "in_progress",
+        }
+    }
+
+    /// Milliseconds until the lease runs out, negative once it has; `None` when done.
+    pub fn lease_remaining_ms(&self) -> Option<i64> {
+        match *self {
+            KeyState::InProgress { lease_remaining_ms } => Some(lease_remaining_ms),
+            KeyState::Unresolved { lease_expired_ms } => Some(-lease_expired_ms),
+            KeyState::Done => None,
+        }
+    }
+
+    /// In progress with its lease run out: nobody knows whether the operation happened.
+    pub fn is_unresolved(&self) -> bool {
+        matches!(self, KeyState::Unresolved { .. })
+    }
 }
 
 /// An unresolved key the reconciler took over to ask the recovery probe about.

@@ -1,6 +1,7 @@
 //! The proxy process itself dies or is stopped mid-flight.
 
 use crate::support;
+use idemproxy::store::KeyState;
 
 use std::time::Duration;
 
@@ -133,7 +134,7 @@ async fn sigterm_drains_in_flight_requests(db: Backend) {
     );
     for i in 0..8 {
         let row = db.lookup("shop-1", &format!("term-{i}")).await.unwrap();
-        assert_eq!(row.status, "done");
+        assert_eq!(row.state, KeyState::Done);
         assert_eq!(row.response_status, Some(201));
     }
     assert_eq!(upstream.executions(), 8);

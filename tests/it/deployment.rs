@@ -506,7 +506,7 @@ async fn an_embedded_file_of_the_previous_release_is_upgraded() {
     let store = EmbeddedStore::open(&path, Duration::from_secs(5)).unwrap();
     let row = store.lookup("c", "done").await.unwrap().unwrap();
     assert_eq!(
-        (row.status.as_str(), row.response_status),
+        (row.state.status(), row.response_status),
         ("done", Some(201))
     );
     assert_eq!(

@@ -2,6 +2,7 @@
 //! the end, and the retry gets the stored answer.
 
 use crate::support;
+use idemproxy::store::KeyState;
 
 use std::time::Duration;
 
@@ -48,7 +49,7 @@ async fn client_disconnect_cancels_nothing(db: Backend) {
     assert!(replay.replayed());
     assert_eq!(upstream.executions(), 1);
     let row = db.lookup("shop-1", "gone").await.unwrap();
-    assert_eq!(row.status, "done");
+    assert_eq!(row.state, KeyState::Done);
     assert_eq!(row.response_status, Some(201));
     proxy.stop().await;
 }

@@ -126,7 +126,7 @@ async fn takeover_and_completion_in_one_batch(db: Backend) {
             );
             let row = store.lookup("client", key).await.unwrap().unwrap();
             assert_eq!(
-                (row.status.as_str(), row.lease_token),
+                (row.state.status(), row.lease_token),
                 ("in_progress", taken.token)
             );
         } else {

@@ -2,6 +2,7 @@
 //! loses its lease while still alive.
 
 use crate::support;
+use idemproxy::store::KeyState;
 
 use std::time::Duration;
 
@@ -159,7 +160,7 @@ async fn store_blip_at_completion_keeps_the_lease() {
     );
     let record = db.lookup("shop-1", "k").await.unwrap();
     assert_eq!(record.attempts, 1, "never taken over");
-    assert_eq!(record.status, "done");
+    assert_eq!(record.state, KeyState::Done);
     worker.stop().await;
     other.stop().await;
 }

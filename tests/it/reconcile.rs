@@ -70,7 +70,7 @@ async fn found_operations_are_stored_without_a_retry(db: Backend) {
     let first = client.post("/payments", "shop-1", "hung", BODY).await;
     assert_eq!(first.status, 504, "{first:?}");
     let row = row_becomes(&db, "hung", Duration::from_secs(10), |r| {
-        r.is_some_and(|r| r.status == "done")
+        r.is_some_and(|r| r.state.status() == "done")
     })
     .await
     .unwrap();
@@ -107,7 +107,7 @@ async fn probes_use_the_derived_key_the_attempt_sent(db: Backend) {
     let first = client.post("/payments", "shop-1", "hashed", BODY).await;
     assert_eq!(first.status, 504, "{first:?}");
     let row = row_becomes(&db, "hashed", Duration::from_secs(10), |r| {
-        r.is_some_and(|r| r.status == "done")
+        r.is_some_and(|r| r.state.status() == "done")
     })
     .await
     .unwrap();
@@ -162,8 +162,11 @@ async fn inconclusive_probes_back_off(db: Backend) {
         "{}",
         upstream.probes()
     );
-    assert_eq!(row.status, "in_progress");
-    assert!(row.lease_remaining_ms.unwrap() < 0, "still unresolved");
+    assert_eq!(row.state.status(), "in_progress");
+    assert!(
+        row.state.lease_remaining_ms().unwrap() < 0,
+        "still unresolved"
+    );
     assert_eq!(upstream.executions(), 0);
     let stuck = TestClient::at(proxy.admin)
         .send("GET", "/admin/stuck", &[], "")
@@ -214,7 +217,7 @@ async fn keys_without_a_probe_are_left_alone(db: Backend) {
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(upstream.probes(), 0);
     let row = db.lookup("shop-1", "orders").await.unwrap();
-    assert_eq!((row.status.as_str(), row.probes), ("in_progress", 0));
+    assert_eq!((row.state.status(), row.probes), ("in_progress", 0));
     let stuck = TestClient::at(proxy.admin)
         .send("GET", "/admin/stuck", &[], "")
         .await;
@@ -312,7 +315,7 @@ async fn replicas_probe_each_key_once() {
     }
     for key in &keys {
         row_becomes(&db, key, Duration::from_secs(30), |r| {
-            r.is_some_and(|r| r.status == "done")
+            r.is_some_and(|r| r.state.status() == "done")
         })
         .await;
     }

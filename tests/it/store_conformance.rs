@@ -282,7 +282,7 @@ async fn complete_then_replay(db: Subject) {
     let record = store.lookup("client", "k").await.unwrap().unwrap();
     assert_eq!(
         (
-            record.status.as_str(),
+            record.state.status(),
             record.response_status,
             record.attempts
         ),
@@ -326,7 +326,7 @@ async fn unresolved_is_reported_not_taken_over(db: Subject) {
     );
     let row = store.lookup("client", "k").await.unwrap().unwrap();
     assert_eq!((row.lease_token, row.attempts), (first.token, 1));
-    assert!(row.lease_remaining_ms.unwrap() < 0);
+    assert!(row.state.lease_remaining_ms().unwrap() < 0);
     let taken = reserved(&store, "k", LONG, DAY).await;
     assert!(taken.takeover);
 }
@@ -463,7 +463,7 @@ async fn sweep_respects_retention(db: Subject) {
     let gone = store.sweep_unresolved(TINY, 100).await.unwrap();
     assert_eq!(gone.len(), 1);
     assert_eq!(
-        (gone[0].key.as_str(), gone[0].status.as_str()),
+        (gone[0].key.as_str(), gone[0].state.status()),
         ("old-unresolved", "in_progress")
     );
     assert!(
@@ -535,7 +535,7 @@ async fn stuck_and_evict(db: Subject) {
     let stuck = store.stuck(10).await.unwrap();
     assert_eq!(stuck.len(), 1);
     assert_eq!(stuck[0].key, "abandoned");
-    assert!(stuck[0].lease_remaining_ms.unwrap() < 0);
+    assert!(stuck[0].state.lease_remaining_ms().unwrap() < 0);
     assert!(store.evict("client", "abandoned").await.unwrap());
     assert!(!store.evict("client", "abandoned").await.unwrap());
     let again = reserved(&store, "abandoned", LONG, DAY).await;
@@ -591,10 +591,10 @@ async fn reconciler_claims_unresolved_keys(db: Subject) {
     let a = claims.iter().find(|c| c.record.key == "a").unwrap();
     assert_ne!(a.record.lease_token, first.token);
     assert_eq!(
-        (a.record.status.as_str(), a.record.attempts),
+        (a.record.state.status(), a.record.attempts),
         ("in_progress", 1)
     );
-    assert!(a.record.lease_remaining_ms.unwrap() > 0);
+    assert!(a.record.state.lease_remaining_ms().unwrap() > 0);
     assert!(a.unresolved_since_ms <= now_ms());
     assert_eq!(
         store.unresolved_counts().await.unwrap(),
@@ -655,7 +655,7 @@ async fn deferred_keys_wait_out_their_backoff(db: Subject) {
     );
     let row = store.lookup("client", "k").await.unwrap().unwrap();
     assert_eq!(row.probes, 1);
-    assert!(row.lease_remaining_ms.unwrap() < 0);
+    assert!(row.state.lease_remaining_ms().unwrap() < 0);
     assert!(row.probe_after_ms.unwrap() > now_ms());
     assert_eq!(
         store.unresolved_counts().await.unwrap(),

@@ -103,7 +103,7 @@ async fn takeover_never_answers_outcome_unknown(db: Backend) {
     }
     assert_eq!(upstream.executions(), 1);
     let row = db.lookup("shop-1", "k").await.unwrap();
-    assert_eq!((row.status.as_str(), row.attempts), ("in_progress", 1));
+    assert_eq!((row.state.status(), row.attempts), ("in_progress", 1));
     upstream.set(Behavior::default());
     let evicted = TestClient::at(proxy.admin)
         .send("DELETE", "/admin/keys/shop-1/k", &[], "")
@@ -296,7 +296,7 @@ async fn ambiguous_status_keeps_the_key(db: Backend) {
     assert_eq!(retry.status, 409);
     assert_eq!(upstream.executions(), 1);
     assert_eq!(
-        db.lookup("shop-1", "gw").await.unwrap().status,
+        db.lookup("shop-1", "gw").await.unwrap().state.status(),
         "in_progress"
     );
     proxy.stop().await;

@@ -244,12 +244,7 @@ pub(super) fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRecord> {
         client_id: r.get(0)?,
         key: r.get(1)?,
         route: r.get(2)?,
-        lease_remaining_ms: if status == "done" {
-            None
-        } else {
-            locked_until.map(|t| t - now_ms())
-        },
-        status,
+        state: KeyState::from_row(status == "done", locked_until.map(|t| t - now_ms())),
         fingerprint: r.get(4)?,
         lease_token: r.get(5)?,
         attempts: r.get(7)?,
