@@ -36,6 +36,7 @@ mod reload;
 mod replay;
 mod replay_cache;
 mod replicas;
+mod schema;
 mod server_threads;
 mod store_conformance;
 mod tls;
