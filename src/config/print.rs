@@ -12,6 +12,32 @@ use super::units::{format_duration, format_size};
 impl fmt::Display for Config {
     /// The effective configuration and route table, as `check-config` prints it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_listeners(f)?;
+        self.write_upstream(f)?;
+        self.write_store(f)?;
+        self.write_clients_and_limits(f)?;
+        self.write_background(f)?;
+        self.write_encryption(f)?;
+        if self.implicit_routes {
+            writeln!(
+                f,
+                "# no routes configured: every POST and PATCH carrying a key is protected"
+            )?;
+        }
+        for warning in &self.warnings {
+            writeln!(f, "# warning: {warning}")?;
+        }
+        writeln!(f, "routes:")?;
+        for route in self.routes.routes() {
+            write_route(f, route)?;
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// The listeners.
+    fn write_listeners(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "listen: {}", self.listen)?;
         writeln!(f, "admin_listen: {}", self.admin_listen)?;
         // Comments where the file's own form cannot be printed back (the certificate
@@ -25,6 +51,11 @@ impl fmt::Display for Config {
                 "# tls: off"
             }
         )?;
+        Ok(())
+    }
+
+    /// The upstream.
+    fn write_upstream(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "upstream:")?;
         writeln!(
             f,
@@ -40,6 +71,11 @@ impl fmt::Display for Config {
         writeln!(f, "  timeout: {}", format_duration(self.upstream.timeout))?;
         writeln!(f, "  max_connections: {}", self.upstream.max_connections)?;
         writeln!(f, "  tls: {}", self.upstream.tls_summary)?;
+        Ok(())
+    }
+
+    /// The store, its secrets hidden.
+    fn write_store(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "store:")?;
         match &self.store {
             StoreConfig::Postgres(pg) => {
@@ -78,6 +114,11 @@ impl fmt::Display for Config {
                 writeln!(f, "  replay_cache: {}", format_size(*replay_cache))?;
             }
         }
+        Ok(())
+    }
+
+    /// Whose keys are whose, the drain, the limits, the admin token.
+    fn write_clients_and_limits(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.client_id {
             ClientIdSource::Header(h) => writeln!(f, "client_id:\n  header: {h}")?,
             ClientIdSource::AuthorizationSha256 => {
@@ -105,6 +146,11 @@ impl fmt::Display for Config {
             "none"
         };
         writeln!(f, "# admin_token: {token}")?;
+        Ok(())
+    }
+
+    /// The sweep, the reconciler and tracing.
+    fn write_background(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
             "sweep:\n  interval: {}\n  batch: {}",
@@ -133,6 +179,11 @@ impl fmt::Display for Config {
             )?,
             None => writeln!(f, "# tracing: off")?,
         }
+        Ok(())
+    }
+
+    /// Encryption at rest, the keys named by their source, never printed.
+    fn write_encryption(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.encryption {
             Some(e) => {
                 writeln!(f, "encryption:\n  keys:")?;
@@ -158,131 +209,120 @@ impl fmt::Display for Config {
             }
             None => writeln!(f, "# encryption: off (stored answers are kept in clear)")?,
         }
-        if self.implicit_routes {
-            writeln!(
-                f,
-                "# no routes configured: every POST and PATCH carrying a key is protected"
-            )?;
-        }
-        for warning in &self.warnings {
-            writeln!(f, "# warning: {warning}")?;
-        }
-        writeln!(f, "routes:")?;
-        for route in self.routes.routes() {
-            let p = &route.policy;
-            let (methods, extensions): (Vec<&Method>, Vec<&Method>) =
-                route.methods.iter().partition(|m| is_registered_method(m));
-            let names = |list: Vec<&Method>| {
-                list.iter()
-                    .map(|m| m.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            writeln!(f, "  - name: {}", route.name)?;
-            writeln!(f, "    methods: [{}]", names(methods))?;
-            if !extensions.is_empty() {
-                writeln!(f, "    extension_methods: [{}]", names(extensions))?;
-            }
-            writeln!(f, "    path: {}", route.pattern.as_str())?;
-            let keys: Vec<&str> = p.key_headers.iter().map(HeaderName::as_str).collect();
-            writeln!(f, "    key_headers: [{}]", keys.join(", "))?;
-            match p.derived_key {
-                DerivedKey::Plain => writeln!(f, "    derived_key: plain")?,
-                DerivedKey::Sha256 => writeln!(f, "    derived_key: {{ hash: sha256 }}")?,
-                DerivedKey::MaxLength(n) => writeln!(f, "    derived_key: {{ max_length: {n} }}")?,
-            }
-            if let Some(pointer) = &p.upstream_key_body {
-                writeln!(f, "    upstream_key: {{ body: \"{pointer}\" }}")?;
-            }
-            if let Some(pointer) = &p.key_from_body {
-                writeln!(f, "    key_from: {{ body: \"{pointer}\" }}")?;
-            }
-            let scope = match p.key_scope {
-                KeyScope::Client => "client",
-                KeyScope::ClientAndRoute => "client_and_route",
-            };
-            writeln!(f, "    key_scope: {scope}")?;
-            writeln!(f, "    replayed_header: {}", p.replayed_header)?;
-            match &p.echo_key {
-                EchoKey::AsSent => {
-                    writeln!(f, "    # echo_key_header: the header the key came in")?
-                }
-                EchoKey::Named(h) => writeln!(f, "    echo_key_header: {h}")?,
-                EchoKey::Off => writeln!(f, "    echo_key_header: none")?,
-            }
-            writeln!(f, "    upstream_key_header: {}", p.upstream_key_header)?;
-            writeln!(f, "    require_key: {}", p.require_key)?;
-            writeln!(f, "    lease: {}", format_duration(p.lease))?;
-            writeln!(f, "    retention: {}", format_duration(p.retention))?;
-            writeln!(f, "    max_body: {}", format_size(p.max_body))?;
-            writeln!(
-                f,
-                "    max_stored_response: {}",
-                format_size(p.max_stored_response)
-            )?;
-            match p.on_conflict {
-                OnConflict::Reject => writeln!(f, "    on_conflict: reject")?,
-                OnConflict::Wait(d) => {
-                    writeln!(f, "    on_conflict: {{ wait: {} }}", format_duration(d))?
-                }
-            }
-            let headers: Vec<&str> = p
-                .fingerprint_headers
-                .iter()
-                .map(HeaderName::as_str)
-                .collect();
-            match (&p.fingerprint_fields, p.fingerprint_off) {
-                (_, true) => writeln!(f, "    fingerprint: none")?,
-                (Some(fields), false) => writeln!(
-                    f,
-                    "    fingerprint: {{ fields: [{}], headers: [{}] }}",
-                    fields.join(", "),
-                    headers.join(", ")
-                )?,
-                (None, false) => writeln!(
-                    f,
-                    "    fingerprint: {{ headers: [{}] }}  # and the whole body",
-                    headers.join(", ")
-                )?,
-            }
-            let stored: Vec<&str> = p.store_headers.iter().map(HeaderName::as_str).collect();
-            writeln!(
-                f,
-                "    store_headers: [{}]  # and always content-type, location",
-                stored.join(", ")
-            )?;
-            if let Some(probe) = &p.recovery_probe {
-                let found: Vec<String> = probe.found.iter().map(u16::to_string).collect();
-                let missing: Vec<String> = probe.not_found.iter().map(u16::to_string).collect();
-                writeln!(
-                    f,
-                    "    recovery_probe: {{ method: {}, path: {:?}, found: [{}], not_found: [{}] }}",
-                    probe.method,
-                    probe.path,
-                    found.join(", "),
-                    missing.join(", ")
-                )?;
-            }
-            let ambiguous = match p.on_ambiguous {
-                Ambiguous::Keep => "keep",
-                Ambiguous::Store => "store",
-                Ambiguous::Release => "release",
-            };
-            writeln!(f, "    on_ambiguous: {ambiguous}")?;
-            let takeover = match p.takeover {
-                Takeover::Execute => "execute",
-                Takeover::Never => "never",
-            };
-            writeln!(f, "    takeover: {takeover}")?;
-            if !p.ambiguous_statuses.is_empty() {
-                let codes: Vec<String> = p.ambiguous_statuses.iter().map(u16::to_string).collect();
-                writeln!(f, "    ambiguous_statuses: [{}]", codes.join(", "))?;
-            }
-            if !p.release_on.is_empty() {
-                let codes: Vec<String> = p.release_on.iter().map(u16::to_string).collect();
-                writeln!(f, "    release_on: [{}]", codes.join(", "))?;
-            }
-        }
         Ok(())
     }
+}
+
+/// One route of the table, every policy field spelled out.
+fn write_route(f: &mut fmt::Formatter<'_>, route: &Route) -> fmt::Result {
+    let p = &route.policy;
+    let (methods, extensions): (Vec<&Method>, Vec<&Method>) =
+        route.methods.iter().partition(|m| is_registered_method(m));
+    let names = |list: Vec<&Method>| {
+        list.iter()
+            .map(|m| m.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    writeln!(f, "  - name: {}", route.name)?;
+    writeln!(f, "    methods: [{}]", names(methods))?;
+    if !extensions.is_empty() {
+        writeln!(f, "    extension_methods: [{}]", names(extensions))?;
+    }
+    writeln!(f, "    path: {}", route.pattern.as_str())?;
+    let keys: Vec<&str> = p.key_headers.iter().map(HeaderName::as_str).collect();
+    writeln!(f, "    key_headers: [{}]", keys.join(", "))?;
+    match p.derived_key {
+        DerivedKey::Plain => writeln!(f, "    derived_key: plain")?,
+        DerivedKey::Sha256 => writeln!(f, "    derived_key: {{ hash: sha256 }}")?,
+        DerivedKey::MaxLength(n) => writeln!(f, "    derived_key: {{ max_length: {n} }}")?,
+    }
+    if let Some(pointer) = &p.upstream_key_body {
+        writeln!(f, "    upstream_key: {{ body: \"{pointer}\" }}")?;
+    }
+    if let Some(pointer) = &p.key_from_body {
+        writeln!(f, "    key_from: {{ body: \"{pointer}\" }}")?;
+    }
+    let scope = match p.key_scope {
+        KeyScope::Client => "client",
+        KeyScope::ClientAndRoute => "client_and_route",
+    };
+    writeln!(f, "    key_scope: {scope}")?;
+    writeln!(f, "    replayed_header: {}", p.replayed_header)?;
+    match &p.echo_key {
+        EchoKey::AsSent => writeln!(f, "    # echo_key_header: the header the key came in")?,
+        EchoKey::Named(h) => writeln!(f, "    echo_key_header: {h}")?,
+        EchoKey::Off => writeln!(f, "    echo_key_header: none")?,
+    }
+    writeln!(f, "    upstream_key_header: {}", p.upstream_key_header)?;
+    writeln!(f, "    require_key: {}", p.require_key)?;
+    writeln!(f, "    lease: {}", format_duration(p.lease))?;
+    writeln!(f, "    retention: {}", format_duration(p.retention))?;
+    writeln!(f, "    max_body: {}", format_size(p.max_body))?;
+    writeln!(
+        f,
+        "    max_stored_response: {}",
+        format_size(p.max_stored_response)
+    )?;
+    match p.on_conflict {
+        OnConflict::Reject => writeln!(f, "    on_conflict: reject")?,
+        OnConflict::Wait(d) => writeln!(f, "    on_conflict: {{ wait: {} }}", format_duration(d))?,
+    }
+    let headers: Vec<&str> = p
+        .fingerprint_headers
+        .iter()
+        .map(HeaderName::as_str)
+        .collect();
+    match (&p.fingerprint_fields, p.fingerprint_off) {
+        (_, true) => writeln!(f, "    fingerprint: none")?,
+        (Some(fields), false) => writeln!(
+            f,
+            "    fingerprint: {{ fields: [{}], headers: [{}] }}",
+            fields.join(", "),
+            headers.join(", ")
+        )?,
+        (None, false) => writeln!(
+            f,
+            "    fingerprint: {{ headers: [{}] }}  # and the whole body",
+            headers.join(", ")
+        )?,
+    }
+    let stored: Vec<&str> = p.store_headers.iter().map(HeaderName::as_str).collect();
+    writeln!(
+        f,
+        "    store_headers: [{}]  # and always content-type, location",
+        stored.join(", ")
+    )?;
+    if let Some(probe) = &p.recovery_probe {
+        let found: Vec<String> = probe.found.iter().map(u16::to_string).collect();
+        let missing: Vec<String> = probe.not_found.iter().map(u16::to_string).collect();
+        writeln!(
+            f,
+            "    recovery_probe: {{ method: {}, path: {:?}, found: [{}], not_found: [{}] }}",
+            probe.method,
+            probe.path,
+            found.join(", "),
+            missing.join(", ")
+        )?;
+    }
+    let ambiguous = match p.on_ambiguous {
+        Ambiguous::Keep => "keep",
+        Ambiguous::Store => "store",
+        Ambiguous::Release => "release",
+    };
+    writeln!(f, "    on_ambiguous: {ambiguous}")?;
+    let takeover = match p.takeover {
+        Takeover::Execute => "execute",
+        Takeover::Never => "never",
+    };
+    writeln!(f, "    takeover: {takeover}")?;
+    if !p.ambiguous_statuses.is_empty() {
+        let codes: Vec<String> = p.ambiguous_statuses.iter().map(u16::to_string).collect();
+        writeln!(f, "    ambiguous_statuses: [{}]", codes.join(", "))?;
+    }
+    if !p.release_on.is_empty() {
+        let codes: Vec<String> = p.release_on.iter().map(u16::to_string).collect();
+        writeln!(f, "    release_on: [{}]", codes.join(", "))?;
+    }
+    Ok(())
 }

@@ -109,7 +109,6 @@ impl Metrics {
     /// buckets that reach past the timeouts (a request may wait for a duplicate's answer
     /// and then for the upstream, so its buckets reach twice the upstream's).
     pub fn with_timeouts(upstream: Duration, store: Duration) -> Self {
-        let mut registry = Registry::with_prefix("idemproxy");
         let m = Metrics {
             requests: Family::default(),
             request_seconds: Family::new_with_constructor(Buckets::reaching(upstream * 2)),
@@ -141,146 +140,159 @@ impl Metrics {
             replay_cache_hits_seen: Default::default(),
             registry: Registry::default(),
         };
+        let mut registry = Registry::with_prefix("idemproxy");
+        m.register(&mut registry);
+        m.prime_fixed_series();
+        Metrics { registry, ..m }
+    }
+
+    /// Registers every series under its name and help text.
+    fn register(&self, registry: &mut Registry) {
         registry.register(
             "requests",
             "Requests by route and outcome",
-            m.requests.clone(),
+            self.requests.clone(),
         );
         registry.register(
             "build_info",
             "The running build: its version, as a label",
-            m.build_info.clone(),
+            self.build_info.clone(),
         );
         registry.register(
             "request_duration_seconds",
             "Whole-request latency",
-            m.request_seconds.clone(),
+            self.request_seconds.clone(),
         );
         registry.register(
             "takeovers",
             "Expired leases taken over (re-executions)",
-            m.takeovers.clone(),
+            self.takeovers.clone(),
         );
         registry.register(
             "fenced_off_completions",
             "Stale completions refused by the fence",
-            m.fenced_off.clone(),
+            self.fenced_off.clone(),
         );
         registry.register(
             "stored_answers_unreadable",
             "Stored answers that could not be decrypted (key missing or data tampered)",
-            m.unreadable.clone(),
+            self.unreadable.clone(),
         );
         registry.register(
             "leases_lost",
             "Leases taken over under a running worker",
-            m.leases_lost.clone(),
+            self.leases_lost.clone(),
         );
         registry.register(
             "lease_renewal_errors",
             "Lease renewals that could not reach the store",
-            m.renewal_errors.clone(),
+            self.renewal_errors.clone(),
         );
         registry.register(
             "completions_abandoned",
             "Completions given up after the retry window",
-            m.completions_abandoned.clone(),
+            self.completions_abandoned.clone(),
         );
         registry.register(
             "store_errors",
             "Failed store calls by operation",
-            m.store_errors.clone(),
+            self.store_errors.clone(),
         );
         registry.register(
             "store_duration_seconds",
             "Store call latency by operation",
-            m.store_seconds.clone(),
+            self.store_seconds.clone(),
         );
         registry.register(
             "upstream_errors",
             "Failed upstream calls by kind",
-            m.upstream_errors.clone(),
+            self.upstream_errors.clone(),
         );
         registry.register(
             "upstream_duration_seconds",
             "Upstream call latency by route",
-            m.upstream_seconds.clone(),
+            self.upstream_seconds.clone(),
         );
         registry.register(
             "swept_rows",
             "Rows deleted by the retention sweep",
-            m.swept_rows.clone(),
+            self.swept_rows.clone(),
         );
         registry.register(
             "sweep_errors",
             "Retention sweep passes that failed",
-            m.sweep_errors.clone(),
+            self.sweep_errors.clone(),
         );
         registry.register(
             "unresolved_swept",
             "Unresolved keys (outcome unknown) deleted by sweep.unresolved_retention",
-            m.unresolved_swept.clone(),
+            self.unresolved_swept.clone(),
         );
         registry.register(
             "unresolved_keys",
             "Keys whose outcome is unknown (in progress, lease run out), per route",
-            m.unresolved_keys.clone(),
+            self.unresolved_keys.clone(),
         );
         registry.register(
             "reconciled",
             "Unresolved keys the reconciler asked the recovery probe about, by what it said",
-            m.reconciled.clone(),
+            self.reconciled.clone(),
         );
         registry.register(
             "connection_errors",
             "Client connections that ended in an error, by kind",
-            m.connection_errors.clone(),
+            self.connection_errors.clone(),
         );
         registry.register(
             "connections_open",
             "Client connections being served",
-            m.connections_open.clone(),
+            self.connections_open.clone(),
         );
         registry.register(
             "pool_connections",
             "Store pool connections open",
-            m.pool_size.clone(),
+            self.pool_size.clone(),
         );
         registry.register(
             "pool_available",
             "Store pool connections idle",
-            m.pool_available.clone(),
+            self.pool_available.clone(),
         );
         registry.register(
             "pool_waiting",
             "Requests waiting for a store connection",
-            m.pool_waiting.clone(),
+            self.pool_waiting.clone(),
         );
         registry.register(
             "replay_cache_bytes",
             "Bytes of completed answers held in memory for replays",
-            m.replay_cache_bytes.clone(),
+            self.replay_cache_bytes.clone(),
         );
         registry.register(
             "replay_cache_hits",
             "Replays answered from memory, without the store",
-            m.replay_cache_hits.clone(),
+            self.replay_cache_hits.clone(),
         );
-        m.build_info
+    }
+
+    /// Series that exist before anything happens: the build, and each store operation's,
+    /// upstream error kind's and connection error kind's counter at zero, so that rates and
+    /// alerts see them from the first scrape.
+    fn prime_fixed_series(&self) {
+        self.build_info
             .get_or_create(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION"),
             })
             .set(1);
         for op in known::STORE_OPS {
-            let _ = m.store_errors.get_or_create(&OpLabel { op });
+            let _ = self.store_errors.get_or_create(&OpLabel { op });
         }
         for kind in known::UPSTREAM_ERRORS {
-            let _ = m.upstream_errors.get_or_create(&KindLabel { kind });
+            let _ = self.upstream_errors.get_or_create(&KindLabel { kind });
         }
         for kind in known::CONNECTION_ERRORS {
-            let _ = m.connection_errors.get_or_create(&KindLabel { kind });
+            let _ = self.connection_errors.get_or_create(&KindLabel { kind });
         }
-        Metrics { registry, ..m }
     }
 
     /// Counts one request, by the class of the status it was answered, and its latency.

@@ -22,7 +22,7 @@ use super::machine::{Job, Outcome, run};
 use super::rewrite::set_key;
 use super::state::Shared;
 use crate::body::{BoxError, CollectError, ProxyBody, collect_limited};
-use crate::config::Route;
+use crate::config::{Policy, Route};
 use crate::fingerprint::{self, fingerprint};
 use crate::key::{derived_key, hex, key_hash};
 use crate::otlp::Trace;
@@ -128,108 +128,31 @@ where
 {
     let policy = &route.policy;
     let client_id = client_id(req.headers(), &shared.config.client_id)?;
-    let (parts, body) = (*req).into_parts();
-
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > policy.max_body) {
-        return Err(ProxyError::BodyTooLarge {
-            limit: policy.max_body,
-        });
-    }
-    let read = collect_limited(body, policy.max_body);
-    let body = match tokio::time::timeout(shared.config.limits.body_read_timeout, read).await {
-        Err(_) => return Err(ProxyError::BodyTimeout),
-        Ok(Err(CollectError::TooLarge(limit))) => return Err(ProxyError::BodyTooLarge { limit }),
-        Ok(Err(CollectError::Read(e))) => return Err(ProxyError::BodyRead(e)),
-        Ok(Ok(body)) => body,
-    };
+    let (mut parts, body) = (*req).into_parts();
+    let body = read_body(shared, policy, &parts, body).await?;
     let (key, client_key) = match key {
         Some(key) => (key, String::new()),
-        None => {
-            let pointer = policy.key_from_body.as_deref().unwrap_or_default();
-            let content_type = parts.headers.get(header::CONTENT_TYPE);
-            let found = body_key(content_type.map(|v| v.as_bytes()), &body, pointer);
-            match found {
-                Ok(Some(sent)) => (scoped_key(&route.name, &sent, policy.key_scope), sent),
-                Ok(None) if policy.require_key => {
-                    return Err(ProxyError::MissingKey {
-                        header: policy.key_header_names(),
-                        body: Some(pointer.to_owned()),
-                    });
-                }
-                Ok(None) => {
-                    return Ok(Prepared::Unkeyed(Request::from_parts(
-                        parts,
-                        Full::new(body),
-                    )));
-                }
-                Err(reason) => {
-                    return Err(ProxyError::InvalidBodyKey {
-                        field: pointer.to_owned(),
-                        reason,
-                    });
-                }
+        None => match key_in_body(&route, &parts, &body)? {
+            Some(found) => found,
+            None => {
+                return Ok(Prepared::Unkeyed(Request::from_parts(
+                    parts,
+                    Full::new(body),
+                )));
             }
-        }
+        },
     };
-
-    let fingerprint = if policy.fingerprint_off {
-        fingerprint::none()
-    } else {
-        fingerprint(&fingerprint::Request {
-            method: parts.method.as_str(),
-            path: parts.uri.path(),
-            query: parts.uri.query(),
-            content_type: parts
-                .headers
-                .get(header::CONTENT_TYPE)
-                .map(|v| v.as_bytes()),
-            body: &body,
-            fields: policy.fingerprint_fields.as_deref(),
-        })?
-    };
-    let fingerprint = if policy.fingerprint_headers.is_empty() {
-        fingerprint
-    } else {
-        let headers = policy.fingerprint_headers.iter().map(|name| {
-            let values = parts.headers.get_all(name).iter().map(|v| v.as_bytes());
-            (name.as_str(), values.collect())
-        });
-        fingerprint::with_headers(fingerprint, headers)
-    };
+    let fingerprint = fingerprint_of(policy, &parts, &body)?;
     // The job waits for the store, so it must not hold the connection's read buffer
     // meanwhile: the headers and a body that arrived within one read become copies (the
     // URI already is one, see `Proxy::handle_inner`).
-    let mut parts = parts;
     detach_headers(&mut parts.headers);
     let derived_form = formatted_derived_key(&client_id, &key, policy.derived_key);
-    // The provider reads its key in the body: written there now, so that a body that
-    // cannot carry it is refused before anything is reserved.
-    let body = match &policy.upstream_key_body {
-        None => body,
-        Some(pointer) => {
-            let content_type = parts
-                .headers
-                .get(header::CONTENT_TYPE)
-                .map(|v| v.as_bytes());
-            let derived = derived_form
-                .clone()
-                .unwrap_or_else(|| derived_key(&client_id, &key));
-            let rewritten = set_key(content_type, &body, pointer, &derived).map_err(|reason| {
-                ProxyError::KeyPlacement {
-                    field: pointer.clone(),
-                    reason,
-                }
-            })?;
-            // The length changed: hyper sets it from the body.
-            parts.headers.remove(header::CONTENT_LENGTH);
-            rewritten
-        }
-    };
+    let body = place_upstream_key(policy, &mut parts, body, || {
+        derived_form
+            .clone()
+            .unwrap_or_else(|| derived_key(&client_id, &key))
+    })?;
     let body = if body.len() <= shared.config.limits.max_header_bytes {
         Bytes::copy_from_slice(&body)
     } else {
@@ -254,4 +177,122 @@ where
         peer,
         trace: None,
     }))
+}
+
+/// The whole body, within the route's size limit and the body read timeout (a declared
+/// length over the limit is refused before a byte is read).
+async fn read_body<S: KeyStore, B>(
+    shared: &Shared<S>,
+    policy: &Policy,
+    parts: &http::request::Parts,
+    body: B,
+) -> Result<Bytes, ProxyError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > policy.max_body) {
+        return Err(ProxyError::BodyTooLarge {
+            limit: policy.max_body,
+        });
+    }
+    let read = collect_limited(body, policy.max_body);
+    match tokio::time::timeout(shared.config.limits.body_read_timeout, read).await {
+        Err(_) => Err(ProxyError::BodyTimeout),
+        Ok(Err(CollectError::TooLarge(limit))) => Err(ProxyError::BodyTooLarge { limit }),
+        Ok(Err(CollectError::Read(e))) => Err(ProxyError::BodyRead(e)),
+        Ok(Ok(body)) => Ok(body),
+    }
+}
+
+/// The key the body carries where the route reads one (`key_from.body`), as stored and as
+/// sent; `None` when it carries none and none is required (the request goes through
+/// unprotected).
+fn key_in_body(
+    route: &Route,
+    parts: &http::request::Parts,
+    body: &Bytes,
+) -> Result<Option<(String, String)>, ProxyError> {
+    let policy = &route.policy;
+    let pointer = policy.key_from_body.as_deref().unwrap_or_default();
+    let content_type = parts.headers.get(header::CONTENT_TYPE);
+    match body_key(content_type.map(|v| v.as_bytes()), body, pointer) {
+        Ok(Some(sent)) => Ok(Some((
+            scoped_key(&route.name, &sent, policy.key_scope),
+            sent,
+        ))),
+        Ok(None) if policy.require_key => Err(ProxyError::MissingKey {
+            header: policy.key_header_names(),
+            body: Some(pointer.to_owned()),
+        }),
+        Ok(None) => Ok(None),
+        Err(reason) => Err(ProxyError::InvalidBodyKey {
+            field: pointer.to_owned(),
+            reason,
+        }),
+    }
+}
+
+/// What makes this request the same operation as another: method, path, query, body (or
+/// the configured fields of it), and the configured headers.
+fn fingerprint_of(
+    policy: &Policy,
+    parts: &http::request::Parts,
+    body: &Bytes,
+) -> Result<fingerprint::Fingerprint, ProxyError> {
+    let fingerprint = if policy.fingerprint_off {
+        fingerprint::none()
+    } else {
+        fingerprint(&fingerprint::Request {
+            method: parts.method.as_str(),
+            path: parts.uri.path(),
+            query: parts.uri.query(),
+            content_type: parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .map(|v| v.as_bytes()),
+            body,
+            fields: policy.fingerprint_fields.as_deref(),
+        })?
+    };
+    if policy.fingerprint_headers.is_empty() {
+        return Ok(fingerprint);
+    }
+    let headers = policy.fingerprint_headers.iter().map(|name| {
+        let values = parts.headers.get_all(name).iter().map(|v| v.as_bytes());
+        (name.as_str(), values.collect())
+    });
+    Ok(fingerprint::with_headers(fingerprint, headers))
+}
+
+/// Where the provider reads its key in the body (`upstream_key: { body: POINTER }`), the
+/// derived key is written there now, so that a body that cannot carry it is refused before
+/// anything is reserved.
+fn place_upstream_key(
+    policy: &Policy,
+    parts: &mut http::request::Parts,
+    body: Bytes,
+    derived: impl FnOnce() -> String,
+) -> Result<Bytes, ProxyError> {
+    let Some(pointer) = &policy.upstream_key_body else {
+        return Ok(body);
+    };
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| v.as_bytes());
+    let rewritten = set_key(content_type, &body, pointer, &derived()).map_err(|reason| {
+        ProxyError::KeyPlacement {
+            field: pointer.clone(),
+            reason,
+        }
+    })?;
+    // The length changed: the connection frames the body from its new size.
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Ok(rewritten)
 }

@@ -26,6 +26,53 @@ pub(super) fn merge_policy(
         Some(h) => header_name(p, format!("{at}.upstream_key_header"), h),
         None => Some(base.map_or(default_key, |b| b.upstream_key_header.clone())),
     };
+    let (lease, retention) = lease_and_retention(p, at, base, own, store_timeout);
+    let (max_body, max_stored_response) = sizes(p, at, base, own);
+    let require_key = own
+        .require_key
+        .or(base.map(|b| b.require_key))
+        .unwrap_or(false);
+    let on_conflict = on_conflict(p, at, base, own);
+    let after = after_the_upstream(p, at, base, own);
+    if p.0.len() != before {
+        return None;
+    }
+    Some(Policy {
+        key_headers: keys.key_headers,
+        key_from_body: keys.key_from_body,
+        key_scope: keys.key_scope,
+        replayed_header: keys.replayed_header,
+        echo_key: keys.echo_key,
+        upstream_key_header: upstream_key_header?,
+        upstream_key_body: keys.upstream_key_body,
+        derived_key: keys.derived_key,
+        lease,
+        retention,
+        max_body,
+        max_stored_response,
+        require_key,
+        on_conflict,
+        fingerprint_fields: keys.fingerprint_fields,
+        fingerprint_headers: keys.fingerprint_headers,
+        fingerprint_off: keys.fingerprint_off,
+        store_headers: after.store_headers,
+        release_on: after.release_on,
+        recovery_probe: after.recovery_probe,
+        on_ambiguous: after.on_ambiguous,
+        ambiguous_statuses: after.ambiguous_statuses,
+        takeover: after.takeover,
+    })
+}
+
+/// The lease (long enough to be renewed within the store's timeout) and the retention
+/// (longer than the lease).
+fn lease_and_retention(
+    p: &mut Problems,
+    at: &str,
+    base: Option<&Policy>,
+    own: &FilePolicy,
+    store_timeout: Duration,
+) -> (Duration, Duration) {
     let lease = own
         .lease
         .map(|d| d.0)
@@ -58,6 +105,11 @@ pub(super) fn merge_policy(
             ),
         );
     }
+    (lease, retention)
+}
+
+/// The largest request body and the largest answer kept for replay.
+fn sizes(p: &mut Problems, at: &str, base: Option<&Policy>, own: &FilePolicy) -> (u64, u64) {
     let max_body = own
         .max_body
         .map(|s| s.0)
@@ -78,11 +130,12 @@ pub(super) fn merge_policy(
             p.push(format!("{at}.{name}"), "must be at most 1GiB");
         }
     }
-    let require_key = own
-        .require_key
-        .or(base.map(|b| b.require_key))
-        .unwrap_or(false);
-    let on_conflict = match &own.on_conflict {
+    (max_body, max_stored_response)
+}
+
+/// What a duplicate gets while the first request runs.
+fn on_conflict(p: &mut Problems, at: &str, base: Option<&Policy>, own: &FilePolicy) -> OnConflict {
+    match &own.on_conflict {
         None => base.map_or(OnConflict::Reject, |b| b.on_conflict),
         Some(FileOnConflict::Word(w)) if w == "reject" => OnConflict::Reject,
         Some(FileOnConflict::Word(w)) => {
@@ -93,7 +146,27 @@ pub(super) fn merge_policy(
             OnConflict::Reject
         }
         Some(FileOnConflict::Spec(w)) => OnConflict::Wait(w.wait.0),
-    };
+    }
+}
+
+/// The policy's decisions about the upstream's answer and the unknown outcomes.
+struct AfterTheUpstream {
+    store_headers: Vec<HeaderName>,
+    release_on: Vec<u16>,
+    on_ambiguous: Ambiguous,
+    takeover: Takeover,
+    ambiguous_statuses: Vec<u16>,
+    recovery_probe: Option<RecoveryProbe>,
+}
+
+/// Which answers are kept, released or unknown, and what a retry does about an unknown
+/// one.
+fn after_the_upstream(
+    p: &mut Problems,
+    at: &str,
+    base: Option<&Policy>,
+    own: &FilePolicy,
+) -> AfterTheUpstream {
     let store_headers = match &own.store_headers {
         Some(list) => list
             .iter()
@@ -102,20 +175,8 @@ pub(super) fn merge_policy(
             .collect(),
         None => base.map(|b| b.store_headers.clone()).unwrap_or_default(),
     };
-    let release_on = match &own.release_on {
-        Some(list) => {
-            for (i, code) in list.iter().enumerate() {
-                if !(100..=599).contains(code) {
-                    p.push(
-                        format!("{at}.release_on[{i}]"),
-                        format!("{code} is not an HTTP status"),
-                    );
-                }
-            }
-            list.clone()
-        }
-        None => base.map(|b| b.release_on.clone()).unwrap_or_default(),
-    };
+    let release_on = statuses(p, &format!("{at}.release_on"), own.release_on.as_ref())
+        .unwrap_or_else(|| base.map(|b| b.release_on.clone()).unwrap_or_default());
     let on_ambiguous = match own.on_ambiguous.as_deref() {
         None => base.map_or(Ambiguous::Keep, |b| b.on_ambiguous),
         Some("keep") => Ambiguous::Keep,
@@ -141,54 +202,41 @@ pub(super) fn merge_policy(
             Takeover::Execute
         }
     };
-    let ambiguous_statuses = match &own.ambiguous_statuses {
-        Some(list) => {
-            for (i, code) in list.iter().enumerate() {
-                if !(100..=599).contains(code) {
-                    p.push(
-                        format!("{at}.ambiguous_statuses[{i}]"),
-                        format!("{code} is not an HTTP status"),
-                    );
-                }
-            }
-            list.clone()
-        }
-        None => base
-            .map(|b| b.ambiguous_statuses.clone())
-            .unwrap_or_default(),
-    };
+    let ambiguous_statuses = statuses(
+        p,
+        &format!("{at}.ambiguous_statuses"),
+        own.ambiguous_statuses.as_ref(),
+    )
+    .unwrap_or_else(|| {
+        base.map(|b| b.ambiguous_statuses.clone())
+            .unwrap_or_default()
+    });
     let recovery_probe = match &own.recovery_probe {
         Some(probe) => build_probe(p, &format!("{at}.recovery_probe"), probe),
         None => base.and_then(|b| b.recovery_probe.clone()),
     };
-    if p.0.len() != before {
-        return None;
-    }
-    Some(Policy {
-        key_headers: keys.key_headers,
-        key_from_body: keys.key_from_body,
-        key_scope: keys.key_scope,
-        replayed_header: keys.replayed_header,
-        echo_key: keys.echo_key,
-        upstream_key_header: upstream_key_header?,
-        upstream_key_body: keys.upstream_key_body,
-        derived_key: keys.derived_key,
-        lease,
-        retention,
-        max_body,
-        max_stored_response,
-        require_key,
-        on_conflict,
-        fingerprint_fields: keys.fingerprint_fields,
-        fingerprint_headers: keys.fingerprint_headers,
-        fingerprint_off: keys.fingerprint_off,
+    AfterTheUpstream {
         store_headers,
         release_on,
-        recovery_probe,
         on_ambiguous,
-        ambiguous_statuses,
         takeover,
-    })
+        ambiguous_statuses,
+        recovery_probe,
+    }
+}
+
+/// A list of HTTP statuses as configured (`None`: not configured), each one checked.
+fn statuses(p: &mut Problems, at: &str, list: Option<&Vec<u16>>) -> Option<Vec<u16>> {
+    let list = list?;
+    for (i, code) in list.iter().enumerate() {
+        if !(100..=599).contains(code) {
+            p.push(
+                format!("{at}[{i}]"),
+                format!("{code} is not an HTTP status"),
+            );
+        }
+    }
+    Some(list.clone())
 }
 
 fn build_probe(
