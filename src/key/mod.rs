@@ -11,6 +11,71 @@ pub mod form;
 
 pub use form::KeyForm;
 
+/// A key in one of its forms: a `String` that says which form it is, so that the request
+/// path cannot hand the store a clear key where it keeps hashes, or log a stored one where
+/// the clear key's hash is the operator's recipe. It reads as a `&str` wherever one is
+/// wanted.
+macro_rules! key_form_type {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn new(text: String) -> Self {
+                Self(text)
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            pub fn into_string(self) -> String {
+                self.0
+            }
+        }
+
+        impl std::ops::Deref for $name {
+            type Target = str;
+
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+key_form_type!(
+    /// Whose keys these are: the client identity a gateway vouched for (`client_id:`).
+    /// Keys are kept per client: two tenants' `order-1` are two operations.
+    ClientId
+);
+key_form_type!(
+    /// The key as the client sent it, in a header or the body: what the answer echoes.
+    SentKey
+);
+key_form_type!(
+    /// The client's key, scoped to the route under `key_scope: client_and_route`
+    /// (`route:key`): what the derived key and the log lines' key hash are made of.
+    ClearKey
+);
+key_form_type!(
+    /// The key as the store keeps it: the clear key, or its keyed hash
+    /// (`encryption.hash_keys`, see [`form`]).
+    StoredKey
+);
+key_form_type!(
+    /// The key sent upstream in the route's form (`derived_key:`) when it is not the
+    /// plain `client_id:key`; kept with the reservation so a takeover sends the same one.
+    UpstreamKey
+);
+
 /// Whether every character is printable ASCII (space to `~`).
 pub fn is_visible_ascii(s: &str) -> bool {
     s.bytes().all(|b| (0x20..=0x7e).contains(&b))

@@ -10,24 +10,24 @@ use http::{Response, request};
 use crate::body::ProxyBody;
 use crate::config::Route;
 use crate::fingerprint::Fingerprint;
+use crate::key::{ClearKey, ClientId, SentKey, StoredKey, UpstreamKey};
 use crate::otlp::Trace;
 use crate::problem::ProxyError;
 
 /// Everything the detached task needs, owned.
 pub(crate) struct Job {
     pub route: Arc<Route>,
-    pub client_id: String,
-    /// The key as the store keeps it (see [`crate::key_form`]).
-    pub key: String,
-    /// The key as the client sent it (scoped to the route with `key_scope:
-    /// client_and_route`) when the store keeps a hash of it; `None`: it is `key`.
-    pub clear_key: Option<String>,
-    /// The key as found in the body (`key_from.body`), for the answer's echo; empty when
+    pub client_id: ClientId,
+    /// The key as the store keeps it.
+    pub key: StoredKey,
+    /// The clear key when the store keeps a hash of it; `None`: it is `key`.
+    pub clear_key: Option<ClearKey>,
+    /// The key as found in the body (`key_from.body`), for the answer's echo; `None` when
     /// it came in a header.
-    pub client_key: String,
+    pub client_key: Option<SentKey>,
     /// The derived key in the route's form when it is not plain, kept with a new
     /// reservation.
-    pub derived_key: Option<String>,
+    pub derived_key: Option<UpstreamKey>,
     pub fingerprint: Fingerprint,
     pub parts: request::Parts,
     pub body: Bytes,

@@ -105,7 +105,7 @@ fn form_field(pointer: &str) -> Option<String> {
 /// A key read from one of several headers, and the value as the client sent it (echoed
 /// on the answer).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SentKey {
+pub struct HeaderKey {
     pub key: String,
     pub sent: http::HeaderValue,
     /// The header it came in.
@@ -118,8 +118,8 @@ pub struct SentKey {
 pub fn parse_keys(
     headers: &HeaderMap,
     names: &[HeaderName],
-) -> Result<Option<SentKey>, (HeaderName, String)> {
-    let mut found: Option<(SentKey, &HeaderName)> = None;
+) -> Result<Option<HeaderKey>, (HeaderName, String)> {
+    let mut found: Option<(HeaderKey, &HeaderName)> = None;
     for name in names {
         let key = parse_key(headers, name).map_err(|reason| (name.clone(), reason))?;
         let (Some(key), Some(sent)) = (key, headers.get(name)) else {
@@ -128,7 +128,7 @@ pub fn parse_keys(
         match &found {
             None => {
                 found = Some((
-                    SentKey {
+                    HeaderKey {
                         key,
                         sent: sent.clone(),
                         header: name.clone(),

@@ -138,10 +138,9 @@ async fn execute<S: KeyStore>(
     let derived_value = HeaderValue::from_str(&derived).ok();
     // Only on routes whose provider reads the key in the body: what `protect` wrote there.
     let clear_key = job.clear_key();
-    let written = || {
-        job.derived_key
-            .clone()
-            .unwrap_or_else(|| derived_key(&job.client_id, clear_key))
+    let written = || match &job.derived_key {
+        Some(form) => form.as_str().to_owned(),
+        None => derived_key(&job.client_id, clear_key),
     };
     let mut body = job.body.clone();
     if let Some(pointer) = &policy.upstream_key_body
@@ -154,7 +153,12 @@ async fn execute<S: KeyStore>(
             body = rewritten;
         }
     }
-    let fence = fence_for(policy, job.client_id, job.key, lease.token);
+    let fence = fence_for(
+        policy,
+        job.client_id.into_string(),
+        job.key.into_string(),
+        lease.token,
+    );
     let mut parts = job.parts;
     for name in &policy.key_headers {
         parts.headers.remove(name);

@@ -24,7 +24,7 @@ use super::state::Shared;
 use crate::body::{BoxError, CollectError, ProxyBody, collect_limited};
 use crate::config::{Policy, Route};
 use crate::fingerprint::{self, fingerprint};
-use crate::key::{derived_key, hex, key_hash};
+use crate::key::{ClearKey, ClientId, SentKey, StoredKey, UpstreamKey, derived_key, hex, key_hash};
 use crate::otlp::Trace;
 use crate::problem::ProxyError;
 use crate::store::KeyStore;
@@ -58,7 +58,6 @@ where
     B::Error: Into<BoxError>,
 {
     let started = Instant::now();
-    let from_body = key.is_none();
     // Boxed: what preparing takes is freed before the long wait for the answer.
     let prepared = Box::pin(prepare(shared, Arc::clone(&route), key, req, peer)).await;
     let job = match prepared {
@@ -66,7 +65,7 @@ where
         Ok(Prepared::Unkeyed(req)) => return Protected::Unkeyed(req),
         Err(err) => return Protected::Answered("rejected", Err(err), None),
     };
-    let body_key = from_body.then(|| job.client_key.clone());
+    let body_key = job.client_key.clone().map(SentKey::into_string);
     // Logs carry short hashes of the client and of (client, key), never either in clear;
     // hashed only when the line will be written.
     let key =
@@ -131,7 +130,7 @@ where
     let (mut parts, body) = (*req).into_parts();
     let body = read_body(shared, policy, &parts, body).await?;
     let (key, client_key) = match key {
-        Some(key) => (key, String::new()),
+        Some(key) => (key, None),
         None => match key_in_body(&route, &parts, &body)? {
             Some(found) => found,
             None => {
@@ -160,17 +159,18 @@ where
     };
     // The store may keep a hash of the key; the derived key above is the clear one's.
     let (key, clear_key) = if shared.key_form.is_hashed() {
-        (shared.key_form.stored(&client_id, key.clone()), Some(key))
+        let stored = shared.key_form.stored(&client_id, key.clone());
+        (StoredKey::new(stored), Some(ClearKey::new(key)))
     } else {
-        (key, None)
+        (StoredKey::new(key), None)
     };
     Ok(Prepared::Job(Job {
         route: Arc::clone(&route),
-        client_id,
+        client_id: ClientId::new(client_id),
         key,
         clear_key,
         client_key,
-        derived_key: derived_form,
+        derived_key: derived_form.map(UpstreamKey::new),
         fingerprint,
         parts,
         body,
@@ -217,14 +217,14 @@ fn key_in_body(
     route: &Route,
     parts: &http::request::Parts,
     body: &Bytes,
-) -> Result<Option<(String, String)>, ProxyError> {
+) -> Result<Option<(String, Option<SentKey>)>, ProxyError> {
     let policy = &route.policy;
     let pointer = policy.key_from_body.as_deref().unwrap_or_default();
     let content_type = parts.headers.get(header::CONTENT_TYPE);
     match body_key(content_type.map(|v| v.as_bytes()), body, pointer) {
         Ok(Some(sent)) => Ok(Some((
             scoped_key(&route.name, &sent, policy.key_scope),
-            sent,
+            Some(SentKey::new(sent)),
         ))),
         Ok(None) if policy.require_key => Err(ProxyError::MissingKey {
             header: policy.key_header_names(),
