@@ -27,6 +27,8 @@
 //!   (`proxy/machine.rs`), the upstream pool.
 //! - [`background`]: the sweep, the reconciler's and the gauge's loops, rekey — started
 //!   together by [`background::Background::start`].
+//! - [`app`]: the composition root — a proxy with its admin listener and background
+//!   loops, started the same way by the binary and the tests.
 //! - [`server`]: accept loops, protocol sniffing and graceful drain; [`admin`]: health,
 //!   readiness, metrics and the key admin API; [`demo`]: the seed article's story,
 //!   runnable (`idemproxy demo`, `idemproxy demo-provider`).
@@ -34,6 +36,7 @@
 //!   commands.
 
 pub mod admin;
+pub mod app;
 pub mod background;
 pub mod body;
 pub mod canonical;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use idemproxy::background::Background;
+use idemproxy::app::App;
 use idemproxy::config::{self, Config, StoreConfig};
 use idemproxy::proxy::Proxy;
 use idemproxy::store::{AnyStore, KeyFormAgreement, KeyStore, PgStore, SettleKeyForm, StoreError};
@@ -56,17 +56,7 @@ pub async fn run(
         let proxy = proxy.clone();
         tokio::spawn(async move { agree_later(proxy).await })
     });
-    let (stop, stopped) = tokio::sync::watch::channel(());
-    let admin = tokio::spawn(idemproxy::admin::run(
-        admin_listener,
-        proxy.clone(),
-        config.admin_token.clone(),
-        async move {
-            let mut stopped = stopped;
-            let _ = stopped.changed().await;
-        },
-    ));
-    let background = Background::start(&proxy);
+    let app = App::start(proxy.clone(), admin_listener);
     let reloader = hangups.map(|hangups| {
         let proxy = proxy.clone();
         tokio::spawn(async move { reload::on_hangup(proxy, source, hangups).await })
@@ -88,15 +78,13 @@ pub async fn run(
         idemproxy::server::run_threaded(listeners, proxy, shutdown, config.shutdown_grace)
             .await
             .context("starting the server threads");
-    background.stop();
     if let Some(agreement) = agreement {
         agreement.abort();
     }
     if let Some(reloader) = reloader {
         reloader.abort();
     }
-    drop(stop);
-    let _ = admin.await;
+    app.stop().await;
     if !drained? {
         bail!(
             "the shutdown grace period ({}) ran out with requests still in flight",

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use idemproxy::background::Background;
+use idemproxy::app::App;
 use idemproxy::config::Overrides;
 use idemproxy::proxy::Proxy;
 use idemproxy::store::AnyStore;
@@ -146,10 +146,9 @@ pub struct TestProxy {
     pub metrics: Arc<idemproxy::metrics::Metrics>,
     shutdown: Option<oneshot::Sender<()>>,
     handle: tokio::task::JoinHandle<bool>,
-    admin_handle: tokio::task::JoinHandle<()>,
-    /// The sweep, the unresolved-keys gauge and (when configured) the reconciler, started
-    /// as `serve` starts them.
-    background: Option<Background>,
+    /// The admin listener and the background loops (the sweep, the unresolved-keys gauge
+    /// and, when configured, the reconciler), started as `serve` starts them.
+    app: Option<App<AnyStore>>,
 }
 
 impl TestProxy {
@@ -169,13 +168,7 @@ impl TestProxy {
         let admin = admin_listener.local_addr().unwrap();
         let proxy = Proxy::new(Arc::clone(&config), AnyStore::open(&config.store).unwrap());
         let metrics = Arc::clone(proxy.metrics());
-        let admin_handle = tokio::spawn(idemproxy::admin::run(
-            admin_listener,
-            proxy.clone(),
-            config.admin_token.clone(),
-            std::future::pending(),
-        ));
-        let background = Some(Background::start(&proxy));
+        let app = Some(App::start(proxy.clone(), admin_listener));
         let (tx, rx) = oneshot::channel::<()>();
         let handle = tokio::spawn(idemproxy::server::run(
             listener,
@@ -191,8 +184,7 @@ impl TestProxy {
             metrics,
             shutdown: Some(tx),
             handle,
-            admin_handle,
-            background,
+            app,
         }
     }
 
@@ -201,11 +193,10 @@ impl TestProxy {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        if let Some(background) = self.background.take() {
-            background.stop();
-        }
         let _ = (&mut self.handle).await;
-        self.admin_handle.abort();
+        if let Some(app) = self.app.take() {
+            app.stop().await;
+        }
     }
 }
 
