@@ -30,10 +30,11 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 
 use crate::body::{ProxyBody, full};
-use crate::problem::Problem;
 use crate::proxy::Proxy;
 use crate::store::{KeyStore, Reseal, StoreError};
+use error::AdminError;
 
+mod error;
 mod rekey;
 mod resolve;
 mod view;
@@ -83,41 +84,31 @@ pub async fn run<S: KeyStore + Reseal>(
 /// schema; each "not ready" says why, so that an operator knows where to look.
 async fn ready<S: KeyStore>(proxy: &Proxy<S>) -> Response<ProxyBody> {
     if proxy.is_draining() {
-        return problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "shutting-down",
-            "Shutting down",
-            "The proxy is shutting down: it finishes the requests in flight and takes no new ones.",
-        );
+        return AdminError::ShuttingDown(
+            "The proxy is shutting down: it finishes the requests in flight and takes no new ones."
+                .into(),
+        )
+        .into_response();
     }
     match proxy.store().ping().await {
         Ok(()) => text(StatusCode::OK, "text/plain", "ready\n"),
         Err(e @ StoreError::SchemaBehind { .. }) => {
             tracing::warn!(cause = %e, "not ready: store schema not migrated");
-            problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store-not-migrated",
-                "Store schema not migrated",
-                &format!("The idempotency store answers, but {e}."),
-            )
+            AdminError::StoreNotMigrated(format!("The idempotency store answers, but {e}."))
+                .into_response()
         }
         Err(e) if e.is_unreachable() => {
             tracing::warn!(cause = %e, "not ready: store unreachable");
-            problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store-unavailable",
-                "Store unavailable",
-                "The idempotency store cannot be reached.",
-            )
+            AdminError::StoreUnavailable("The idempotency store cannot be reached.".into())
+                .into_response()
         }
         Err(e) => {
             tracing::warn!(cause = %e, "not ready: store failed");
-            problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store-failed",
-                "Store failed",
-                "The idempotency store answers with an error; the cause is in the proxy's log.",
+            AdminError::StoreFailed(
+                "The idempotency store answers with an error; the cause is in the proxy's log."
+                    .into(),
             )
+            .into_response()
         }
     }
 }
@@ -166,12 +157,9 @@ pub async fn handle<S: KeyStore + Reseal>(
         (_, "/healthz" | "/readyz" | "/metrics") => not_allowed("GET"),
         (_, p) if p.starts_with("/admin/") => {
             if !authorized(token, &req) {
-                let mut resp = problem(
-                    StatusCode::UNAUTHORIZED,
-                    "admin-unauthorized",
-                    "Admin token required",
-                    "Send `Authorization: Bearer <admin_token>`.",
-                );
+                let mut resp =
+                    AdminError::Unauthorized("Send `Authorization: Bearer <admin_token>`.".into())
+                        .into_response();
                 resp.headers_mut().insert(
                     header::WWW_AUTHENTICATE,
                     http::HeaderValue::from_static("Bearer"),
@@ -196,12 +184,8 @@ pub async fn handle<S: KeyStore + Reseal>(
             }
             admin(proxy, &method, p, req.uri().query()).await
         }
-        _ => problem(
-            StatusCode::NOT_FOUND,
-            "not-found",
-            "Not found",
-            "The admin endpoints are listed in docs/operations.md.",
-        ),
+        _ => AdminError::NotFound("The admin endpoints are listed in docs/operations.md.".into())
+            .into_response(),
     }
 }
 
@@ -230,29 +214,21 @@ async fn admin<S: KeyStore + Reseal>(
         };
     }
     let Some(rest) = path.strip_prefix("/admin/keys/") else {
-        return problem(
-            StatusCode::NOT_FOUND,
-            "not-found",
-            "Not found",
-            "Admin endpoints: /admin/keys/{client_id}/{key}, /admin/stuck, /admin/rekey.",
-        );
+        return AdminError::NotFound(
+            "Admin endpoints: /admin/keys/{client_id}/{key}, /admin/stuck, /admin/rekey.".into(),
+        )
+        .into_response();
     };
     let mut parts = rest.splitn(2, '/');
     let (Some(client), Some(key)) = (parts.next(), parts.next()) else {
-        return problem(
-            StatusCode::NOT_FOUND,
-            "not-found",
-            "Not found",
-            "Use /admin/keys/{client_id}/{key}, each percent-encoded.",
-        );
+        return AdminError::NotFound(
+            "Use /admin/keys/{client_id}/{key}, each percent-encoded.".into(),
+        )
+        .into_response();
     };
     let (Ok(client), Ok(key)) = (decode(client), decode(key)) else {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "bad-path",
-            "Invalid path",
-            "The client id and key must be percent-encoded UTF-8.",
-        );
+        return AdminError::BadPath("The client id and key must be percent-encoded UTF-8.".into())
+            .into_response();
     };
     // Log lines name the clear key's hash, as the request path's do.
     let logged = crate::key::key_hash(&client, &key);
@@ -263,12 +239,11 @@ async fn admin<S: KeyStore + Reseal>(
                 StatusCode::OK,
                 &KeyView::new(&record, reconciled(proxy, &record)),
             ),
-            Ok(None) => problem(
-                StatusCode::NOT_FOUND,
-                "no-such-key",
-                "No such key",
-                "No row for this client id and key (never seen, released, evicted or swept).",
-            ),
+            Ok(None) => AdminError::NoSuchKey(
+                "No row for this client id and key (never seen, released, evicted or swept)."
+                    .into(),
+            )
+            .into_response(),
             Err(e) => store_failed(&e),
         },
         Method::DELETE => match store.evict(&client, &key).await {
@@ -276,12 +251,7 @@ async fn admin<S: KeyStore + Reseal>(
                 tracing::warn!(key = %logged, "key evicted by an operator");
                 json(StatusCode::OK, &serde_json::json!({ "evicted": true }))
             }
-            Ok(false) => problem(
-                StatusCode::NOT_FOUND,
-                "no-such-key",
-                "No such key",
-                "Nothing to evict.",
-            ),
+            Ok(false) => AdminError::NoSuchKey("Nothing to evict.".into()).into_response(),
             Err(e) => store_failed(&e),
         },
         _ => not_allowed("GET, DELETE"),
@@ -290,12 +260,8 @@ async fn admin<S: KeyStore + Reseal>(
 
 /// `405` with the methods the endpoint takes, in `Allow` (RFC 9110 §15.5.6) and in words.
 fn not_allowed(allow: &'static str) -> Response<ProxyBody> {
-    let mut resp = problem(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method-not-allowed",
-        "Method not allowed",
-        &format!("This endpoint takes {allow}."),
-    );
+    let mut resp =
+        AdminError::MethodNotAllowed(format!("This endpoint takes {allow}.")).into_response();
     resp.headers_mut()
         .insert(header::ALLOW, http::HeaderValue::from_static(allow));
     resp
@@ -335,12 +301,7 @@ fn authorized(token: Option<&str>, req: &Request<Incoming>) -> bool {
 
 fn store_failed(e: &crate::store::StoreError) -> Response<ProxyBody> {
     tracing::warn!(cause = %e, "admin request: store unavailable");
-    problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "store-unavailable",
-        "Store unavailable",
-        "The idempotency store cannot be reached.",
-    )
+    AdminError::StoreUnavailable("The idempotency store cannot be reached.".into()).into_response()
 }
 
 fn text(
@@ -362,20 +323,6 @@ fn json(status: StatusCode, value: &impl Serialize) -> Response<ProxyBody> {
         status,
         "application/json",
         serde_json::to_vec(value).unwrap_or_default(),
-    )
-}
-
-fn problem(
-    status: StatusCode,
-    slug: &str,
-    title: &'static str,
-    detail: &str,
-) -> Response<ProxyBody> {
-    let body = Problem::new(status, slug, title, detail.to_owned());
-    text(
-        status,
-        "application/problem+json",
-        serde_json::to_vec(&body).unwrap_or_default(),
     )
 }
 

@@ -4,7 +4,8 @@
 
 use http::{Response, StatusCode};
 
-use super::{json, problem, store_failed};
+use super::error::AdminError;
+use super::{json, store_failed};
 use crate::background::rekey::{self, DEFAULT_BATCH};
 use crate::body::ProxyBody;
 use crate::proxy::Proxy;
@@ -12,12 +13,7 @@ use crate::store::{KeyStore, Reseal};
 
 pub(super) async fn request<S: KeyStore + Reseal>(proxy: &Proxy<S>) -> Response<ProxyBody> {
     let Some(vault) = proxy.vault() else {
-        return problem(
-            StatusCode::CONFLICT,
-            "encryption-off",
-            "Encryption is not configured",
-            "There is no key to seal stored answers with: configure `encryption.keys` and `encryption.active`, then restart.",
-        );
+        return AdminError::EncryptionOff("There is no key to seal stored answers with: configure `encryption.keys` and `encryption.active`, then restart.".into()).into_response();
     };
     match rekey::once(proxy.store(), vault, DEFAULT_BATCH).await {
         Ok(report) => {

@@ -18,7 +18,8 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::{json, problem, store_failed};
+use super::error::AdminError;
+use super::{json, store_failed};
 use crate::body::ProxyBody;
 use crate::config::DEFAULT_RETENTION;
 use crate::key::hex;
@@ -50,20 +51,14 @@ pub(super) async fn request<S: KeyStore>(
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let Some((client, key)) = rest.split_once('/') else {
-        return problem(
-            StatusCode::NOT_FOUND,
-            "not-found",
-            "Not found",
-            "Use POST /admin/keys/{client_id}/{key}/resolve, each percent-encoded.",
-        );
+        return AdminError::NotFound(
+            "Use POST /admin/keys/{client_id}/{key}/resolve, each percent-encoded.".into(),
+        )
+        .into_response();
     };
     let (Ok(client), Ok(key)) = (super::decode(client), super::decode(key)) else {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "bad-path",
-            "Invalid path",
-            "The client id and key must be percent-encoded UTF-8.",
-        );
+        return AdminError::BadPath("The client id and key must be percent-encoded UTF-8.".into())
+            .into_response();
     };
     // Who, for the audit line: a hash of the token used, never the token.
     let who = match token {
@@ -144,12 +139,7 @@ async fn resolve<S: KeyStore>(
     let row = match store.lookup(client, key).await {
         Ok(Some(row)) => row,
         Ok(None) => {
-            return problem(
-                StatusCode::NOT_FOUND,
-                "no-such-key",
-                "No such key",
-                "No row for this client id and key: nothing to resolve (a retry would execute it afresh).",
-            );
+            return AdminError::NoSuchKey("No row for this client id and key: nothing to resolve (a retry would execute it afresh).".into()).into_response();
         }
         Err(e) => return store_failed(&e),
     };
@@ -236,19 +226,9 @@ fn answer(status: u16, r: &Resolution) -> Result<StoredResponse, String> {
 }
 
 fn bad(detail: &str) -> Response<ProxyBody> {
-    problem(
-        StatusCode::BAD_REQUEST,
-        "bad-resolution",
-        "Invalid resolution",
-        detail,
-    )
+    AdminError::BadResolution(detail.to_owned()).into_response()
 }
 
 fn conflict(detail: &str) -> Response<ProxyBody> {
-    problem(
-        StatusCode::CONFLICT,
-        "not-unresolved",
-        "Key not unresolved",
-        detail,
-    )
+    AdminError::NotUnresolved(detail.to_owned()).into_response()
 }

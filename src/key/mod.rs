@@ -15,7 +15,7 @@ pub use form::KeyForm;
 /// path cannot hand the store a clear key where it keeps hashes, or log a stored one where
 /// the clear key's hash is the operator's recipe. It reads as a `&str` wherever one is
 /// wanted.
-macro_rules! key_form_type {
+macro_rules! key_type {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -51,26 +51,26 @@ macro_rules! key_form_type {
     };
 }
 
-key_form_type!(
+key_type!(
     /// Whose keys these are: the client identity a gateway vouched for (`client_id:`).
     /// Keys are kept per client: two tenants' `order-1` are two operations.
     ClientId
 );
-key_form_type!(
+key_type!(
     /// The key as the client sent it, in a header or the body: what the answer echoes.
     SentKey
 );
-key_form_type!(
+key_type!(
     /// The client's key, scoped to the route under `key_scope: client_and_route`
     /// (`route:key`): what the derived key and the log lines' key hash are made of.
     ClearKey
 );
-key_form_type!(
+key_type!(
     /// The key as the store keeps it: the clear key, or its keyed hash
     /// (`encryption.hash_keys`, see [`form`]).
     StoredKey
 );
-key_form_type!(
+key_type!(
     /// The key sent upstream in the route's form (`derived_key:`) when it is not the
     /// plain `client_id:key`; kept with the reservation so a takeover sends the same one.
     UpstreamKey

@@ -12,7 +12,7 @@
 //! instances with separate files do not see each other's keys — use PostgreSQL for
 //! replicas.
 
-mod key_form;
+mod form_agreement;
 mod rehash;
 mod reseal;
 mod schema;

@@ -9,7 +9,7 @@
 
 mod batch;
 mod connect;
-mod key_form;
+mod form_agreement;
 mod listen;
 mod migrate;
 mod rehash;

@@ -3,7 +3,7 @@
 use rusqlite::OptionalExtension;
 
 use super::EmbeddedStore;
-use crate::store::key_form::{KeyFormAgreement, SettleKeyForm, agreement};
+use crate::store::form_agreement::{KeyFormAgreement, SettleKeyForm, agreement};
 use crate::store::types::StoreError;
 
 impl SettleKeyForm for EmbeddedStore {
