@@ -23,8 +23,9 @@
 //!   `store/embedded/`); [`metrics`] and [`otlp`]: what the proxy reports.
 //! - [`problem`]: every error the proxy answers itself, as RFC 9457 problem+json, from one
 //!   table.
+//! - [`upstream`]: the upstream client — the connection pool, forwarding headers.
 //! - [`proxy`]: the request path — pass-through, protection, the key state machine
-//!   (`proxy/machine.rs`), the upstream pool.
+//!   (`proxy/machine.rs`).
 //! - [`background`]: the sweep, the reconciler's and the gauge's loops, rekey — started
 //!   together by [`background::Background::start`].
 //! - [`app`]: the composition root — a proxy with its admin listener and background
@@ -56,4 +57,5 @@ pub mod shutdown;
 pub mod store;
 pub mod stored;
 pub mod tls;
+pub mod upstream;
 pub mod vault;

@@ -24,8 +24,8 @@ use crate::body::ProxyBody;
 use crate::config::DEFAULT_RETENTION;
 use crate::key::hex;
 use crate::proxy::Proxy;
-use crate::proxy::encode_block;
 use crate::store::{Completion, Fence, Fenced, KeyState, KeyStore, StoredResponse};
+use crate::stored::encode_block;
 
 /// Largest resolution body accepted.
 const MAX_BODY: usize = 4 << 20;

@@ -15,12 +15,11 @@ use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep, sleep_until};
 
-use super::headers::{client_head, decode_stored, encode_stored};
+use super::call::{Probe, Upstream, ask_probe, call_upstream};
 pub(crate) use super::job::{Answer, Job, Outcome};
 use super::lease::{Finish, Holder, fence_for};
 use super::rewrite::set_key;
 use super::state::{Shared, error_chain};
-use super::upstream::{Probe, Upstream, ask_probe, call_upstream};
 use crate::body::{Prefixed, ProxyBody, boxed, full};
 use crate::config::{Ambiguous, OnConflict, Policy, Takeover};
 use crate::key::derived_key;
@@ -30,6 +29,8 @@ use crate::problem::ProxyError;
 use crate::store::{
     Completion, KeyStore, Lease, Reservation, ReserveRequest, StoreError, StoredResponse, key_id,
 };
+use crate::stored::{decode_stored, encode_stored};
+use crate::upstream::headers::client_head;
 
 /// How often a waiting duplicate re-checks the row if no notification came.
 const WAIT_FALLBACK_TICK: Duration = Duration::from_secs(1);

@@ -17,10 +17,10 @@ use std::time::Duration;
 use http::HeaderValue;
 use tokio::sync::{Semaphore, oneshot};
 
+use super::call::{Probe, ask_probe};
 use super::lease::{Finish, Holder, fence_for};
 use super::machine::conclude;
 use super::state::{Proxy, Shared};
-use super::upstream::{Probe, ask_probe};
 use crate::config::{Reconcile, Route};
 use crate::key::derived_key;
 use crate::metrics::{RouteName, RouteOutcome};

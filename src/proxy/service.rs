@@ -10,8 +10,6 @@ use bytes::Bytes;
 use http::{Request, Response, Uri};
 use http_body::Body;
 
-use super::forward::ForwardError;
-use super::headers::client_head;
 use super::key::{parse_keys, scoped_key};
 use super::protect::{self, Protected};
 use super::state::{Proxy, error_chain};
@@ -24,6 +22,8 @@ use crate::otlp::{Kind, Trace};
 use crate::path::PathError;
 use crate::problem::ProxyError;
 use crate::store::KeyStore;
+use crate::upstream::ForwardError;
+use crate::upstream::headers::client_head;
 
 /// The proxy is what its HTTP/1 connections hand their requests to.
 impl<S: KeyStore> Handler for Proxy<S> {

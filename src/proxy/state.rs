@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio_util::task::TaskTracker;
 
-use super::forward::Forwarder;
 use super::live::{LiveRoutes, Reloaded, fixed_changes};
 use super::observe::{KeyFormHold, Observed};
 use crate::config::Config;
@@ -16,6 +15,7 @@ use crate::key::KeyForm;
 use crate::metrics::Metrics;
 use crate::otlp::Tracer;
 use crate::store::KeyStore;
+use crate::upstream::Forwarder;
 use crate::vault::Vault;
 
 /// State shared by every connection and every detached execution.

@@ -5,8 +5,9 @@ use idemproxy::config::Lookup;
 use idemproxy::config::{Overrides, load_str};
 use idemproxy::fingerprint::{self, fingerprint};
 use idemproxy::path::normalize;
-use idemproxy::proxy::{body_key, decode_stored, parse_key};
+use idemproxy::proxy::{body_key, parse_key};
 use idemproxy::route::PathPattern;
+use idemproxy::stored::decode_stored;
 use proptest::prelude::*;
 use serde_json::Value;
 

@@ -12,14 +12,14 @@ use http::{HeaderValue, response};
 use http_body_util::BodyExt;
 use tokio::time::{Instant, timeout_at};
 
-use super::forward::ForwardError;
 use super::headers::detach_headers;
-use super::pool::UpstreamBody;
 use super::state::{Shared, error_chain};
 use crate::body::{BoxError, ProxyBody, empty};
 use crate::config::{Policy, RecoveryProbe};
 use crate::metrics::{KindLabel, RouteLabel, RouteName};
 use crate::problem::ProxyError;
+use crate::upstream::ForwardError;
+use crate::upstream::UpstreamBody;
 
 /// What the upstream call came to.
 pub(crate) enum Upstream {
