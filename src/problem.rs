@@ -77,8 +77,16 @@ pub enum ProxyError {
     HeadTooLarge { limit: usize, fields: usize },
     #[error("malformed request: {0}")]
     MalformedHead(String),
+    #[error("malformed HTTP/2 request: {0}")]
+    MalformedH2(String),
+    #[error("request line longer than {0} bytes")]
+    UriTooLong(usize),
+    #[error("HTTP version `{0}` not supported")]
+    VersionNotSupported(String),
     #[error("unsupported transfer coding `{0}`")]
     UnsupportedCoding(String),
+    #[error("not supported: {0}")]
+    NotImplemented(String),
     #[error("internal error")]
     Internal,
 }
@@ -108,7 +116,10 @@ impl From<&HeadError> for ProxyError {
                 fields: MAX_HEADERS,
             },
             HeadError::Malformed(reason) => ProxyError::MalformedHead(reason.clone()),
+            HeadError::UriTooLong { limit } => ProxyError::UriTooLong(*limit),
+            HeadError::Version(version) => ProxyError::VersionNotSupported(version.clone()),
             HeadError::UnsupportedCoding(coding) => ProxyError::UnsupportedCoding(coding.clone()),
+            HeadError::Unsupported(what) => ProxyError::NotImplemented(what.clone()),
         }
     }
 }
@@ -199,11 +210,11 @@ impl ProxyError {
                 "Request body too slow",
                 "The request body did not arrive in time. Nothing was reserved; send the request again with the same key.".to_owned(),
             ),
-            ProxyError::BodyRead(_) => (
+            ProxyError::BodyRead(e) => (
                 StatusCode::BAD_REQUEST,
                 "body-unreadable",
                 "Request body could not be read",
-                "The request body ended early or was malformed. Nothing was reserved; send the request again with the same key.".to_owned(),
+                format!("The request body ended early or was malformed ({e}). Nothing was reserved or forwarded; send the request again with the same key."),
             ),
             ProxyError::KeyPlacement { field, reason } => (
                 StatusCode::BAD_REQUEST,
@@ -296,6 +307,30 @@ impl ProxyError {
                 "malformed-request",
                 "Malformed request",
                 format!("The request could not be read as HTTP/1.1: {reason}. Nothing was forwarded or reserved, and the connection is closed; send the request again on a new connection."),
+            ),
+            ProxyError::MalformedH2(reason) => (
+                StatusCode::BAD_REQUEST,
+                "malformed-request",
+                "Malformed request",
+                format!("The HTTP/2 request is malformed (RFC 9113 §8.3.1): {reason}. Nothing was forwarded or reserved; send `Host` equal to `:authority`, or leave `Host` out."),
+            ),
+            ProxyError::UriTooLong(limit) => (
+                StatusCode::URI_TOO_LONG,
+                "uri-too-long",
+                "Request line too long",
+                format!("The request line is longer than the head's limit of {limit} bytes. Nothing was forwarded or reserved, and the connection is closed; send a shorter target (move data into the body)."),
+            ),
+            ProxyError::VersionNotSupported(version) => (
+                StatusCode::HTTP_VERSION_NOT_SUPPORTED,
+                "http-version-not-supported",
+                "HTTP version not supported",
+                format!("The request line names `{version}`; the proxy reads HTTP/1.0 and HTTP/1.1 requests here (and HTTP/2 by ALPN or prior knowledge). Nothing was forwarded or reserved, and the connection is closed."),
+            ),
+            ProxyError::NotImplemented(what) => (
+                StatusCode::NOT_IMPLEMENTED,
+                "not-implemented",
+                "Not supported by the proxy",
+                format!("{what}. Nothing was forwarded or reserved, and the connection is closed; send an ordinary request."),
             ),
             ProxyError::UnsupportedCoding(coding) => (
                 StatusCode::NOT_IMPLEMENTED,

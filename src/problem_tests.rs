@@ -114,6 +114,10 @@ fn every_problem_type_is_documented() {
         },
         ProxyError::MalformedHead("x".into()),
         ProxyError::UnsupportedCoding("gzip".into()),
+        ProxyError::UriTooLong(1),
+        ProxyError::MalformedH2("x".into()),
+        ProxyError::VersionNotSupported("HTTP/2.0".into()),
+        ProxyError::NotImplemented("CONNECT".into()),
         ProxyError::Internal,
     ];
     for err in all {

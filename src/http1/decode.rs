@@ -5,6 +5,7 @@
 use bytes::Bytes;
 
 use super::Framing;
+use super::grammar;
 
 /// What a chunk-size line (with its extensions) or a trailer field may take at most.
 const MAX_LINE: usize = 8 * 1024;
@@ -119,7 +120,12 @@ impl Decoder {
                     if seen > MAX_TRAILERS {
                         return Err(BodyError::Chunked("trailer fields too large"));
                     }
-                    // Trailer fields are not forwarded: the proxy re-frames the body.
+                    // Trailer fields are read by the field grammar but not forwarded: the
+                    // proxy re-frames the body.
+                    if !line.is_empty() {
+                        grammar::field_line(&line)
+                            .map_err(|_| BodyError::Chunked("a malformed trailer field"))?;
+                    }
                     *self = if line.is_empty() {
                         Decoder::Done
                     } else {
@@ -160,27 +166,17 @@ fn take_line(buf: &mut Vec<u8>, max: usize) -> Result<Option<Vec<u8>>, BodyError
     if lf == 0 || buf[lf - 1] != b'\r' {
         return Err(BodyError::Chunked("line not ended by CRLF"));
     }
+    if buf[..lf - 1].contains(&b'\r') {
+        return Err(BodyError::Chunked("a bare CR in a line"));
+    }
     let line = buf[..lf - 1].to_vec();
     buf.drain(..=lf);
     Ok(Some(line))
 }
 
-/// A chunk-size line: hex digits, then optional extensions after `;` (RFC 9112 §7.1.1).
+/// A chunk-size line, read by the grammar ([`grammar::chunk_size_line`]).
 fn chunk_size(line: &[u8]) -> Result<u64, BodyError> {
-    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
-    if digits == 0 || digits > 15 {
-        return Err(BodyError::Chunked("invalid chunk size"));
-    }
-    let rest = line[digits..].trim_ascii_start();
-    if !(rest.is_empty() || rest[0] == b';') {
-        return Err(BodyError::Chunked("invalid chunk size"));
-    }
-    if rest.iter().any(|b| b.is_ascii_control() && *b != b'\t') {
-        return Err(BodyError::Chunked("invalid chunk extension"));
-    }
-    let hex = std::str::from_utf8(&line[..digits])
-        .map_err(|_| BodyError::Chunked("invalid chunk size"))?;
-    u64::from_str_radix(hex, 16).map_err(|_| BodyError::Chunked("invalid chunk size"))
+    grammar::chunk_size_line(line).map_err(BodyError::Chunked)
 }
 
 #[cfg(test)]
@@ -218,7 +214,7 @@ mod tests {
     /// and trailers skipped and the next request's bytes left over.
     #[test]
     fn chunked_bodies_decode_whatever_the_split() {
-        let input = b"5;ext=1\r\nhello\r\n1A \r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nx-t: 1\r\n\r\nGET /next";
+        let input = b"5;ext=1\r\nhello\r\n1A ;x=\"y\"\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nx-t: 1\r\n\r\nGET /next";
         for step in 1..input.len() {
             let (data, end, left) = decode(Framing::Chunked, input, step);
             assert_eq!(end.unwrap(), Decoder::Done, "split {step}");
@@ -249,6 +245,13 @@ mod tests {
             b"5 x\r\nhello\r\n",
             b"ffffffffffffffffff\r\n",
             b"\r\n",
+            b"a \r\n0123456789\r\n0\r\n\r\n",
+            b"5\r\r;ABCD\r\nhello\r\n0\r\n\r\n",
+            b"5;\r\nhello\r\n0\r\n\r\n",
+            b"5;a b\r\nhello\r\n0\r\n\r\n",
+            b"5\r\nhello\r\n0\r\nx : y\r\n\r\n",
+            b"5\r\nhello\r\n0\r\n folded\r\n\r\n",
+            b"5\r\nhello\r\n0\r\nx: a\rb\r\n\r\n",
         ] {
             let (_, end, _) = decode(Framing::Chunked, input, 64);
             assert!(end.is_err(), "{input:?}");

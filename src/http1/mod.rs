@@ -15,6 +15,7 @@ pub mod client;
 pub mod decode;
 pub mod encode;
 pub mod fields;
+pub mod grammar;
 pub mod io;
 pub mod server;
 

@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 use tokio::time::error::Elapsed;
 use tokio_util::sync::CancellationToken;
 
+use crate::problem::ProxyError;
 use crate::proxy::Proxy;
 use crate::store::KeyStore;
 
@@ -143,6 +144,35 @@ pub(super) fn service<S: KeyStore>(
 > + Clone {
     service_fn(move |req: http::Request<Incoming>| {
         let proxy = proxy.clone();
-        async move { Ok::<_, Infallible>(proxy.handle(req, peer).await) }
+        async move {
+            if let Some(refused) = malformed_h2(&req) {
+                return Ok(refused.into_response());
+            }
+            Ok::<_, Infallible>(proxy.handle(req, peer).await)
+        }
+    })
+}
+
+/// What RFC 9113 §8.3.1 calls malformed and hyper lets through (it already resets streams
+/// with connection-specific fields): `Host` naming another authority than `:authority`,
+/// or more than one `Host`. The upstream is told the host in `X-Forwarded-Host`, so the
+/// two must not disagree.
+fn malformed_h2<B>(req: &http::Request<B>) -> Option<ProxyError> {
+    let mut hosts = req.headers().get_all(http::header::HOST).iter();
+    let host = hosts.next()?;
+    if hosts.next().is_some() {
+        return Some(ProxyError::MalformedH2(
+            "more than one Host field".to_owned(),
+        ));
+    }
+    let authority = req.uri().authority()?;
+    (!host
+        .as_bytes()
+        .eq_ignore_ascii_case(authority.as_str().as_bytes()))
+    .then(|| {
+        ProxyError::MalformedH2(format!(
+            "Host `{}` names another authority than `:authority` `{authority}`",
+            String::from_utf8_lossy(host.as_bytes())
+        ))
     })
 }

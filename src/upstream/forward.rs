@@ -117,12 +117,13 @@ impl Forwarder {
         body: ProxyBody,
         peer: SocketAddr,
     ) -> Request<ProxyBody> {
-        let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        });
+        // An absolute-form target's authority (or HTTP/2's `:authority`) names the host
+        // over any `Host` field (RFC 9112 §3.2.2).
+        let original_host = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .or_else(|| parts.headers.get(header::HOST).cloned());
         strip_hop_by_hop(&mut parts.headers);
         set_forwarded(&mut parts.headers, peer, original_host, self.client_proto);
         parts.headers.insert(header::HOST, self.host.clone());
@@ -143,6 +144,10 @@ impl Forwarder {
             return Uri::from(pq);
         }
         let pq = uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        if pq == "*" {
+            // `OPTIONS *` asks about the server, whatever its path prefix.
+            return Uri::from_static("*");
+        }
         format!("{}{pq}", self.upstream.base_path)
             .parse()
             .unwrap_or_else(|_| Uri::from_static("/"))

@@ -241,7 +241,13 @@ async fn tls_listener_speaks_http1_and_http2() {
             .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
             .await
             .unwrap();
-        let req = payment("https", proxy.addr, key);
+        let mut req = payment("https", proxy.addr, key);
+        if key != "h2" {
+            // HTTP/1.1 requires Host (RFC 9112 §3.2); hyper's connection-level client
+            // sends only what it is given.
+            let host = format!("127.0.0.1:{}", proxy.addr.port());
+            req.headers_mut().insert("host", host.parse().unwrap());
+        }
         let resp = if key == "h2" {
             let (mut sender, conn) =
                 hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))

@@ -11,9 +11,9 @@ use http_body::Body;
 
 use super::Connection;
 use crate::body::BoxError;
-use crate::http1::Framing;
 use crate::http1::decode::{BodyError, Decoder};
 use crate::http1::fields::{content_length, keeps_alive};
+use crate::http1::{Framing, grammar};
 
 /// Fields an answer's head may carry at most.
 const MAX_FIELDS: usize = 100;
@@ -22,40 +22,36 @@ const MAX_FIELDS: usize = 100;
 /// another request after it.
 pub(super) type FinalHead = (response::Parts, Framing, bool);
 
-/// Parses an answer's head: how many bytes it took and the head (`None` for a `1xx`), or
-/// `Ok(None)` while it is incomplete.
+/// Parses an answer's head by the same grammar as requests ([`grammar`]): how many bytes
+/// it took and the head (`None` for a `1xx`), or `Ok(None)` while it is incomplete. A head
+/// another parser could read differently is an error, so the call fails rather than store
+/// an answer framed by a guess.
 pub(super) fn parse_head(
     buf: &[u8],
     method: &Method,
 ) -> Result<Option<(usize, Option<FinalHead>)>, BoxError> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-    let mut resp = httparse::Response::new(&mut fields);
-    let len = match resp.parse(buf)? {
-        httparse::Status::Complete(len) => len,
-        httparse::Status::Partial => return Ok(None),
+    let Some(len) = grammar::head_len(buf)? else {
+        return Ok(None);
     };
-    let (Some(code), Some(minor)) = (resp.code, resp.version) else {
-        return Err("incomplete status line".into());
-    };
-    let status = StatusCode::from_u16(code)?;
+    let mut lines = grammar::lines(&buf[..len - 2]);
+    let (version, status) = status_line(lines.next().unwrap_or_default())?;
     if status == StatusCode::SWITCHING_PROTOCOLS {
         return Err("the upstream switched protocols, which the proxy never asks for".into());
     }
     if status.is_informational() {
         return Ok(Some((len, None)));
     }
-    let mut headers = HeaderMap::with_capacity(resp.headers.len());
-    for field in resp.headers.iter() {
+    let mut headers = HeaderMap::new();
+    for line in lines {
+        if headers.len() == MAX_FIELDS {
+            return Err(format!("the answer has more than {MAX_FIELDS} fields").into());
+        }
+        let (name, value) = grammar::field_line(line)?;
         headers.append(
-            HeaderName::from_bytes(field.name.as_bytes())?,
-            HeaderValue::from_bytes(field.value)?,
+            HeaderName::from_bytes(name)?,
+            HeaderValue::from_bytes(value)?,
         );
     }
-    let version = if minor == 1 {
-        Version::HTTP_11
-    } else {
-        Version::HTTP_10
-    };
     let framing = answer_framing(&headers, status, method)?;
     let reusable = framing != Framing::UntilClose && keeps_alive(&headers, version);
     let mut parts = Response::new(()).into_parts().0;
@@ -65,7 +61,30 @@ pub(super) fn parse_head(
     Ok(Some((len, Some((parts, framing, reusable)))))
 }
 
-/// How an answer's body is delimited (RFC 9112 §6.3).
+/// `HTTP-version SP 3DIGIT SP reason-phrase` (RFC 9112 §4); an answer without the space
+/// and reason is read too, as every client does.
+fn status_line(line: &[u8]) -> Result<(Version, StatusCode), BoxError> {
+    let bad = || format!("invalid status line `{}`", grammar::shown(line));
+    let (version, rest) = line.split_at_checked(8).ok_or_else(bad)?;
+    let version = match version {
+        b"HTTP/1.1" => Version::HTTP_11,
+        b"HTTP/1.0" => Version::HTTP_10,
+        _ => return Err(bad().into()),
+    };
+    let (code, reason) = match rest {
+        [b' ', a, b, c] => ([*a, *b, *c], &[][..]),
+        [b' ', a, b, c, b' ', reason @ ..] => ([*a, *b, *c], reason),
+        _ => return Err(bad().into()),
+    };
+    if !code.iter().all(u8::is_ascii_digit) || !reason.iter().all(|b| grammar::is_field_byte(*b)) {
+        return Err(bad().into());
+    }
+    Ok((version, StatusCode::from_bytes(&code)?))
+}
+
+/// How an answer's body is delimited (RFC 9112 §6.3). A length beside a transfer coding,
+/// or a coding other than `chunked`, is an error: the proxy stores and replays bodies, and
+/// neither can be re-framed faithfully.
 fn answer_framing(
     headers: &HeaderMap,
     status: StatusCode,
@@ -77,21 +96,20 @@ fn answer_framing(
     {
         return Ok(Framing::Empty);
     }
-    if let Some(last) = headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .rfind(|c| !c.is_empty())
-    {
-        return Ok(if last.eq_ignore_ascii_case("chunked") {
-            Framing::Chunked
-        } else {
-            Framing::UntilClose
-        });
-    }
     let length = content_length(headers)?;
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        if length.is_some() {
+            return Err("the answer has both Transfer-Encoding and Content-Length".into());
+        }
+        let mut codings = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .flat_map(|v| grammar::list(v.as_bytes()));
+        return match (codings.next(), codings.next()) {
+            (Some(c), None) if c.eq_ignore_ascii_case(b"chunked") => Ok(Framing::Chunked),
+            _ => Err("the answer's Transfer-Encoding is not just `chunked`".into()),
+        };
+    }
     Ok(match length {
         Some(0) => Framing::Empty,
         Some(n) => Framing::Length(n),
@@ -201,10 +219,12 @@ mod tests {
         );
         assert_eq!((f, reuse), (Framing::Length(5), true));
         let (_, f, reuse) = head(
-            "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: Chunked\r\n\r\n",
             Method::GET,
         );
         assert_eq!((f, reuse), (Framing::Chunked, true));
+        let (p, _, _) = head("HTTP/1.1 404\r\ncontent-length: 0\r\n\r\n", Method::GET);
+        assert_eq!(p.status, StatusCode::NOT_FOUND);
         let (_, f, reuse) = head("HTTP/1.1 200 OK\r\n\r\n", Method::GET);
         assert_eq!((f, reuse), (Framing::UntilClose, false));
         let (_, f, _) = head("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n", Method::HEAD);
@@ -226,6 +246,20 @@ mod tests {
             .is_err()
         );
         assert!(parse_head(b"HTTP/1.1 101 Switching\r\n\r\n", &Method::GET).is_err());
+        // An answer another parser could frame differently fails the call.
+        for text in [
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nx: y\ncontent-length: 5\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\n folded: y\r\ncontent-length: 5\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length : 5\r\n\r\n",
+            b"HTTP/1.1  200 OK\r\ncontent-length: 5\r\n\r\n",
+            b"HTTP/1.2 200 OK\r\ncontent-length: 5\r\n\r\n",
+            b"HTTP/1.1 2000 OK\r\ncontent-length: 5\r\n\r\n",
+        ] {
+            assert!(parse_head(text, &Method::GET).is_err(), "{text:?}");
+        }
         assert!(matches!(
             parse_head(b"HTTP/1.1 100 Continue\r\n\r\n", &Method::GET),
             Ok(Some((_, None)))

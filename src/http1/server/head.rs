@@ -8,10 +8,12 @@
 //! guessed at, since the upstream might guess otherwise.
 
 use http::header::{self, HeaderName, HeaderValue};
-use http::{HeaderMap, Method, Request, Uri, Version};
+use http::{HeaderMap, Method, Request, Version};
 
+use super::target::{check_host, target};
 use crate::http1::Framing;
 use crate::http1::fields::{content_length, keeps_alive};
+use crate::http1::grammar::{self, shown};
 
 /// Header fields a head may carry at most (hyper's limit, which this server replaced).
 pub const MAX_HEADERS: usize = 100;
@@ -32,55 +34,53 @@ pub(super) struct Head {
 pub enum HeadError {
     #[error("the request head is larger than {limit} bytes or has more than {MAX_HEADERS} fields")]
     TooLarge { limit: usize },
+    #[error("the request line is longer than {limit} bytes")]
+    UriTooLong { limit: usize },
     #[error("{0}")]
     Malformed(String),
+    #[error("HTTP version `{0}` is not supported (HTTP/1.0 and HTTP/1.1 are)")]
+    Version(String),
     #[error("transfer coding `{0}` is not supported (only `chunked`)")]
     UnsupportedCoding(String),
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl HeadError {
-    fn malformed(what: impl Into<String>) -> Self {
+    pub(super) fn malformed(what: impl Into<String>) -> Self {
         HeadError::Malformed(what.into())
     }
 }
 
 /// Parses the head at the start of `buf`: `Ok(None)` while it is incomplete, or the head
-/// and how many bytes it took.
+/// and how many bytes it took (empty lines before it included).
 pub(super) fn parse(buf: &[u8], limit: usize) -> Result<Option<(Head, usize)>, HeadError> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut fields);
-    let len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(len)) if len <= limit => len,
-        Ok(httparse::Status::Complete(_)) => return Err(HeadError::TooLarge { limit }),
-        Ok(httparse::Status::Partial) if buf.len() <= limit => return Ok(None),
-        Ok(httparse::Status::Partial) | Err(httparse::Error::TooManyHeaders) => {
+    let skip = grammar::leading_empty_lines(buf);
+    let rest = &buf[skip..];
+    let len = match grammar::head_len(rest) {
+        Ok(Some(len)) if skip + len <= limit => len,
+        Ok(None) if buf.len() <= limit => return Ok(None),
+        Ok(_) => return Err(too_large(rest, limit)),
+        Err(e) => return Err(HeadError::malformed(e)),
+    };
+    let mut lines = grammar::lines(&rest[..len - 2]);
+    let (method, uri, version) = request_line(lines.next().unwrap_or_default())?;
+    let mut headers = HeaderMap::new();
+    for line in lines {
+        if headers.len() == MAX_HEADERS {
             return Err(HeadError::TooLarge { limit });
         }
-        Err(e) => return Err(HeadError::malformed(format!("malformed request head: {e}"))),
-    };
-    let (Some(method), Some(target), Some(minor)) = (req.method, req.path, req.version) else {
-        return Err(HeadError::malformed("incomplete request line"));
-    };
-    let method = Method::from_bytes(method.as_bytes())
-        .map_err(|_| HeadError::malformed("invalid method"))?;
-    let uri = Uri::try_from(target)
-        .map_err(|e| HeadError::malformed(format!("invalid request target: {e}")))?;
-    let version = if minor == 1 {
-        Version::HTTP_11
-    } else {
-        Version::HTTP_10
-    };
-    let mut headers = HeaderMap::with_capacity(req.headers.len());
-    for field in req.headers.iter() {
-        let name = HeaderName::from_bytes(field.name.as_bytes())
-            .map_err(|_| HeadError::malformed(format!("invalid field name `{}`", field.name)))?;
-        let value = HeaderValue::from_bytes(field.value).map_err(|_| {
-            HeadError::malformed(format!("invalid value in field `{}`", field.name))
-        })?;
+        let (name, value) = grammar::field_line(line).map_err(HeadError::Malformed)?;
+        let name = HeaderName::from_bytes(name)
+            .map_err(|_| HeadError::malformed(format!("invalid field name `{}`", shown(name))))?;
+        let value = HeaderValue::from_bytes(value)
+            .map_err(|_| HeadError::malformed(format!("invalid value in field `{name}`")))?;
         headers.append(name, value);
     }
+    check_host(&headers, version)?;
+    refuse_upgrade(&headers, version)?;
     let framing = framing(&headers, version)?;
-    let keep_alive = keeps_alive(&headers, version) && method != Method::CONNECT;
+    let keep_alive = keeps_alive(&headers, version);
     let expect_continue = version == Version::HTTP_11
         && headers
             .get(header::EXPECT)
@@ -96,49 +96,123 @@ pub(super) fn parse(buf: &[u8], limit: usize) -> Result<Option<(Head, usize)>, H
         keep_alive,
         expect_continue,
     };
-    Ok(Some((head, len)))
+    Ok(Some((head, skip + len)))
+}
+
+/// A head past the limit: `414` if its request line alone is, `431` otherwise.
+fn too_large(head: &[u8], limit: usize) -> HeadError {
+    match head.iter().take(limit).position(|b| *b == b'\n') {
+        None => HeadError::UriTooLong { limit },
+        Some(_) => HeadError::TooLarge { limit },
+    }
+}
+
+/// `method SP request-target SP HTTP-version` (RFC 9112 §3), one space each.
+fn request_line(line: &[u8]) -> Result<(Method, http::Uri, Version), HeadError> {
+    let (Some(first), Some(last)) = (
+        line.iter().position(|b| *b == b' '),
+        line.iter().rposition(|b| *b == b' '),
+    ) else {
+        return Err(HeadError::malformed(format!(
+            "invalid request line `{}` (`METHOD target HTTP/1.1`)",
+            shown(line)
+        )));
+    };
+    let method = &line[..first];
+    let version = &line[last + 1..];
+    let raw_target = line.get(first + 1..last).unwrap_or_default();
+    if !grammar::is_token(method) {
+        return Err(HeadError::malformed(format!(
+            "invalid method `{}` (a token)",
+            shown(method)
+        )));
+    }
+    let version = match version {
+        b"HTTP/1.1" => Version::HTTP_11,
+        b"HTTP/1.0" => Version::HTTP_10,
+        [b'H', b'T', b'T', b'P', b'/', major, b'.', minor]
+            if major.is_ascii_digit() && minor.is_ascii_digit() =>
+        {
+            return Err(HeadError::Version(shown(version)));
+        }
+        _ => {
+            return Err(HeadError::malformed(format!(
+                "invalid request line `{}` (one space between `METHOD`, the target and `HTTP/1.1`)",
+                shown(line)
+            )));
+        }
+    };
+    let method = Method::from_bytes(method)
+        .map_err(|_| HeadError::malformed(format!("invalid method `{}`", shown(method))))?;
+    let uri = target(&method, raw_target)?;
+    Ok((method, uri, version))
+}
+
+/// A request to switch protocols is refused (RFC 9110 §7.8): the proxy forwards requests,
+/// it does not tunnel. Only `h2c` is let through, ignored as RFC 9113 §3.1 allows, since
+/// curl offers it on every plain `--http2` request.
+fn refuse_upgrade(headers: &HeaderMap, version: Version) -> Result<(), HeadError> {
+    if version != Version::HTTP_11 {
+        return Ok(());
+    }
+    for value in headers.get_all(header::UPGRADE) {
+        for protocol in grammar::list(value.as_bytes()) {
+            if !protocol.eq_ignore_ascii_case(b"h2c") {
+                return Err(HeadError::Unsupported(format!(
+                    "Upgrade to `{}`: the proxy does not switch protocols",
+                    shown(protocol)
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The body's framing (RFC 9112 §6.3), refusing every ambiguous case.
 fn framing(headers: &HeaderMap, version: Version) -> Result<Framing, HeadError> {
     let lengths = content_length(headers).map_err(HeadError::malformed)?;
+    if !headers.contains_key(header::TRANSFER_ENCODING) {
+        return Ok(match lengths {
+            Some(0) | None => Framing::Empty,
+            Some(n) => Framing::Length(n),
+        });
+    }
+    if version == Version::HTTP_10 {
+        return Err(HeadError::malformed(
+            "HTTP/1.0 requests cannot use Transfer-Encoding",
+        ));
+    }
+    if lengths.is_some() {
+        return Err(HeadError::malformed(
+            "both Transfer-Encoding and Content-Length: the body could be read two ways",
+        ));
+    }
     let mut codings = Vec::new();
     for value in headers.get_all(header::TRANSFER_ENCODING) {
-        let value = value
-            .to_str()
-            .map_err(|_| HeadError::malformed("invalid Transfer-Encoding"))?;
-        codings.extend(
-            value
-                .split(',')
-                .map(str::trim)
-                .filter(|c| !c.is_empty())
-                .map(str::to_ascii_lowercase),
-        );
-    }
-    if headers.contains_key(header::TRANSFER_ENCODING) {
-        if version == Version::HTTP_10 {
-            return Err(HeadError::malformed(
-                "HTTP/1.0 requests cannot use Transfer-Encoding",
-            ));
+        for coding in grammar::list(value.as_bytes()) {
+            if !grammar::is_token(coding) {
+                return Err(HeadError::malformed(format!(
+                    "invalid transfer coding `{}` in Transfer-Encoding",
+                    shown(coding)
+                )));
+            }
+            codings.push(coding);
         }
-        if lengths.is_some() {
-            return Err(HeadError::malformed(
-                "both Transfer-Encoding and Content-Length: the body could be read two ways",
-            ));
-        }
-        return match codings.as_slice() {
-            [only] if only == "chunked" => Ok(Framing::Chunked),
-            [] => Err(HeadError::malformed("empty Transfer-Encoding")),
-            codings => match codings.iter().find(|c| *c != "chunked") {
-                Some(other) => Err(HeadError::UnsupportedCoding(other.clone())),
-                None => Err(HeadError::malformed("`chunked` applied more than once")),
-            },
-        };
     }
-    Ok(match lengths {
-        Some(0) | None => Framing::Empty,
-        Some(n) => Framing::Length(n),
-    })
+    let chunked = |c: &&[u8]| c.eq_ignore_ascii_case(b"chunked");
+    match codings.as_slice() {
+        [] => Err(HeadError::malformed("empty Transfer-Encoding")),
+        [only] if chunked(only) => Ok(Framing::Chunked),
+        [.., last] if !chunked(last) => Err(HeadError::malformed(
+            "`chunked` is not the last transfer coding: the body's end cannot be found",
+        )),
+        codings => match codings.iter().find(|c| !chunked(c)) {
+            Some(other) => Err(HeadError::UnsupportedCoding(
+                String::from_utf8_lossy(other).to_ascii_lowercase(),
+            )),
+            None => Err(HeadError::malformed("`chunked` applied more than once")),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -147,7 +221,14 @@ mod tests {
 
     use super::*;
 
+    /// Parses `text` with a `Host` field added after its request line (unless it has one).
     fn head(text: &str) -> Result<Option<(Head, usize)>, HeadError> {
+        let text = match text.split_once("\r\n") {
+            Some((line, rest)) if !text.to_ascii_lowercase().contains("\nhost:") => {
+                format!("{line}\r\nHost: a\r\n{rest}")
+            }
+            _ => text.to_owned(),
+        };
         parse(text.as_bytes(), 64 * 1024)
     }
 
@@ -159,7 +240,7 @@ mod tests {
     #[test]
     fn reads_a_head_and_stops_at_its_end() {
         let text = "POST /payments?x=1 HTTP/1.1\r\nHost: a\r\nX-Two: 1\r\nx-two: 2\r\ncontent-length: 3\r\n\r\nabc";
-        let (head, len) = head(text).unwrap().unwrap();
+        let (head, len) = parse(text.as_bytes(), 1024).unwrap().unwrap();
         assert_eq!(len, text.len() - 3);
         assert_eq!(head.request.method(), Method::POST);
         assert_eq!(head.request.uri(), "/payments?x=1");
@@ -258,16 +339,20 @@ mod tests {
     fn garbage_is_malformed() {
         for text in [
             "GARBAGE\r\n\r\n",
-            "GET / HTTP/2.0\r\n\r\n",
+            "GET / http/1.1\r\n\r\n",
             "GET /\x7f HTTP/1.1\r\n\r\n",
             "GET / HTTP/1.1\r\nbad name: v\r\n\r\n",
             "GET / HTTP/1.1\r\n folded: v\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\nx: v\r\n\r\n",
         ] {
             assert!(
                 matches!(head(text), Err(HeadError::Malformed(_))),
                 "{text:?}"
             );
         }
+        assert!(
+            matches!(head("GET / HTTP/2.0\r\n\r\n"), Err(HeadError::Version(v)) if v == "HTTP/2.0")
+        );
     }
 
     proptest::proptest! {

@@ -17,7 +17,10 @@
 //! detached work is not tied to it.
 
 mod body;
+#[cfg(test)]
+mod fuzz;
 mod head;
+mod target;
 mod write;
 
 use std::future::{Future, poll_fn};
@@ -79,7 +82,9 @@ impl ConnError {
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             ConnError::HeadTimeout => "header_timeout",
-            ConnError::Head(HeadError::TooLarge { .. }) => "head_too_large",
+            ConnError::Head(HeadError::TooLarge { .. } | HeadError::UriTooLong { .. }) => {
+                "head_too_large"
+            }
             ConnError::Head(_) => "malformed",
             ConnError::ClosedEarly => "closed_early",
             ConnError::Io(_) => "other",
