@@ -12,12 +12,14 @@ pub mod db;
 pub mod proxies;
 pub mod relay;
 pub mod upstream;
+pub mod wire;
 
 pub use clients::*;
 pub use db::*;
 pub use proxies::*;
 pub use relay::*;
 pub use upstream::*;
+pub use wire::*;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
