@@ -245,11 +245,12 @@ impl ServerCertVerifier for AnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
+        signed_by_key_of(
             message,
             cert,
             dss,
             &self.0.signature_verification_algorithms,
+            false,
         )
     }
 
@@ -259,15 +260,110 @@ impl ServerCertVerifier for AnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
+        signed_by_key_of(
             message,
             cert,
             dss,
             &self.0.signature_verification_algorithms,
+            true,
         )
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
     }
+}
+
+/// Checks a handshake signature against the public key of `cert`, read from the
+/// certificate here rather than by webpki, which refuses X.509 v1 certificates (older
+/// hand-made setups and Citus generate them) that libpq accepts under `require`.
+fn signed_by_key_of(
+    message: &[u8],
+    cert: &CertificateDer<'_>,
+    dss: &DigitallySignedStruct,
+    algorithms: &rustls::crypto::WebPkiSupportedAlgorithms,
+    tls13: bool,
+) -> Result<HandshakeSignatureValid, rustls::Error> {
+    let unadvertised = || rustls::PeerMisbehaved::SignedHandshakeWithUnadvertisedSigScheme.into();
+    // TLS 1.3 forbids PKCS#1 v1.5 and SHA-1 signatures in the handshake (RFC 8446 §4.2.3).
+    use rustls::SignatureScheme as S;
+    let legacy = matches!(
+        dss.scheme,
+        S::RSA_PKCS1_SHA1
+            | S::ECDSA_SHA1_Legacy
+            | S::RSA_PKCS1_SHA256
+            | S::RSA_PKCS1_SHA384
+            | S::RSA_PKCS1_SHA512
+    );
+    if tls13 && legacy {
+        return Err(unadvertised());
+    }
+    let (key_algorithm, key) = public_key(cert).ok_or(rustls::Error::InvalidCertificate(
+        rustls::CertificateError::BadEncoding,
+    ))?;
+    let candidates = algorithms
+        .mapping
+        .iter()
+        .find(|(scheme, _)| *scheme == dss.scheme)
+        .map(|(_, algs)| *algs)
+        .ok_or_else(unadvertised)?;
+    let matching = candidates
+        .iter()
+        .filter(|alg| alg.public_key_alg_id().as_ref() == key_algorithm);
+    // TLS 1.3 names one algorithm per scheme: the first; TLS 1.2 may mean several.
+    for alg in matching.take(if tls13 { 1 } else { usize::MAX }) {
+        if alg.verify_signature(key, message, dss.signature()).is_ok() {
+            return Ok(HandshakeSignatureValid::assertion());
+        }
+    }
+    Err(rustls::Error::InvalidCertificate(
+        rustls::CertificateError::BadSignature,
+    ))
+}
+
+/// The subject public key of an X.509 certificate of any version (RFC 5280 §4.1; a v1
+/// certificate has no version field): its algorithm identifier's contents and the key.
+fn public_key(cert: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (0x30, certificate, _) = der(cert)? else {
+        return None;
+    };
+    let (0x30, mut tbs, _) = der(certificate)? else {
+        return None;
+    };
+    if let (0xa0, _, after) = der(tbs)? {
+        tbs = after;
+    }
+    // serialNumber, signature, issuer, validity, subject.
+    for _ in 0..5 {
+        tbs = der(tbs)?.2;
+    }
+    let (0x30, spki, _) = der(tbs)? else {
+        return None;
+    };
+    let (0x30, algorithm, rest) = der(spki)? else {
+        return None;
+    };
+    let (0x03, [0, key @ ..], _) = der(rest)? else {
+        return None;
+    };
+    Some((algorithm, key))
+}
+
+/// One DER element at the start of `input`: its tag, its contents, and what follows.
+fn der(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |len, b| len << 8 | usize::from(*b));
+        (len, &rest[n..])
+    };
+    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
 }

@@ -120,7 +120,7 @@ fn server_cannot_serve(code: &str) -> bool {
 }
 
 /// Whether a TLS handshake failure is among `e`'s causes.
-fn chain_has_handshake(e: &(dyn Error + 'static)) -> bool {
+pub(super) fn chain_has_handshake(e: &(dyn Error + 'static)) -> bool {
     let mut next: Option<&(dyn Error + 'static)> = Some(e);
     while let Some(e) = next {
         if e.is::<super::postgres::HandshakeFailed>() {

@@ -239,3 +239,183 @@ async fn a_client_certificate_authenticates() {
     proxy.stop().await;
     store.stop().await;
 }
+
+/// A self-signed X.509 v1 certificate for 127.0.0.1 (`openssl x509 -req` adds no
+/// extensions, so no version 3: what Citus generates and older hand-made setups have), in
+/// `dir` as `v1.crt` and `v1.key`.
+fn v1_certificate(dir: &TempDir) -> (String, String) {
+    let (crt, key, csr) = (dir.join("v1.crt"), dir.join("v1.key"), dir.join("v1.csr"));
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    let s = |p: &std::path::Path| p.display().to_string();
+    openssl(&[
+        "req",
+        "-new",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        &s(&key),
+        "-out",
+        &s(&csr),
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-days",
+        "30",
+        "-in",
+        &s(&csr),
+        "-signkey",
+        &s(&key),
+        "-out",
+        &s(&crt),
+    ]);
+    let text = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-text", "-in", &s(&crt)])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("Version: 1 (0x0)"),
+        "not a v1 certificate"
+    );
+    (
+        std::fs::read_to_string(crt).unwrap(),
+        std::fs::read_to_string(key).unwrap(),
+    )
+}
+
+/// A server whose certificate is X.509 v1: `require` and the default `prefer` connect over
+/// TLS and serve, as psql does — on TLS 1.3 and on a server that offers at most TLS 1.2;
+/// `verify-full` refuses at start, naming the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_x509_v1_certificate_is_accepted_where_libpq_accepts_it() {
+    let dir = TempDir::new("pg-v1");
+    let (crt, key) = v1_certificate(&dir);
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let dummy = Backend::embedded();
+    for (i, max) in ["", "ssl_max_protocol_version = 'TLSv1.2'\n"]
+        .iter()
+        .enumerate()
+    {
+        // TLS only: a connection that fell back to plain would be refused.
+        let cluster = Cluster::init(
+            "v1",
+            &format!("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n{max}"),
+            "hostssl all all 127.0.0.1/32 trust\n",
+        );
+        cluster.put_file("server.crt", crt.as_bytes());
+        cluster.put_file("server.key", key.as_bytes());
+        cluster.start();
+        let require = cluster.url("postgres", "postgres", "sslmode=require");
+        migrate_over(&require, "").await;
+        for url in [require, cluster.url("postgres", "postgres", "")] {
+            let proxy = TestProxy::spawn(&payments(&store_yaml(&url, "")), &upstream, &dummy).await;
+            let reply = TestClient::new(&proxy)
+                .post("/payments", "shop-1", &format!("v1-{i}-{url}"), BODY)
+                .await;
+            assert_eq!(reply.status, 201, "{url} {max}: {reply:?}");
+            proxy.stop().await;
+        }
+        assert_eq!(
+            cluster
+                .psql("postgres", "SELECT count(*) FROM idempotency_keys")
+                .trim(),
+            "2"
+        );
+    }
+    assert_eq!(upstream.executions(), 4);
+
+    let cluster = Cluster::init(
+        "v1-full",
+        "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n",
+        "hostssl all all 127.0.0.1/32 trust\n",
+    );
+    cluster.put_file("server.crt", crt.as_bytes());
+    cluster.put_file("server.key", key.as_bytes());
+    cluster.start();
+    let full = cluster.url(
+        "postgres",
+        "postgres",
+        &format!(
+            "sslmode=verify-full&sslrootcert={}",
+            dir.join("v1.crt").display()
+        ),
+    );
+    let stderr = serve_refuses(&payments(&store_yaml(&full, "")), &upstream).await;
+    assert!(stderr.contains("X.509 v1"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{}", cluster.port)),
+        "{stderr}"
+    );
+}
+
+/// `prefer` falls back to a plain connection when the TLS handshake fails (here, a server
+/// that offers at most TLS 1.1, which rustls refuses), as libpq documents; `require` does
+/// not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefer_falls_back_to_plain_when_the_handshake_fails() {
+    let pki = Pki::new();
+    let cluster = Cluster::init(
+        "tls11",
+        "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\nssl_min_protocol_version = 'TLSv1'\nssl_max_protocol_version = 'TLSv1.1'\n",
+        "host all all 127.0.0.1/32 trust\n",
+    );
+    cluster.put_file("server.crt", pki.server_pem.as_bytes());
+    cluster.put_file("server.key", pki.server_key.as_bytes());
+    cluster.start();
+    let prefer = cluster.url("postgres", "postgres", "sslmode=prefer");
+    migrate_over(&cluster.url("postgres", "postgres", "sslmode=disable"), "").await;
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let dummy = Backend::embedded();
+    let proxy = TestProxy::spawn(&payments(&store_yaml(&prefer, "")), &upstream, &dummy).await;
+    let reply = TestClient::new(&proxy)
+        .post("/payments", "shop-1", "prefer", BODY)
+        .await;
+    assert_eq!(reply.status, 201, "{reply:?}");
+    proxy.stop().await;
+    let require = cluster.url("postgres", "postgres", "sslmode=require");
+    let proxy = TestProxy::spawn(&payments(&store_yaml(&require, "")), &upstream, &dummy).await;
+    let reply = TestClient::new(&proxy)
+        .post("/payments", "shop-1", "require", BODY)
+        .await;
+    assert_eq!(reply.status, 503, "{reply:?}");
+    assert_eq!(upstream.executions(), 1);
+    proxy.stop().await;
+}
+
+/// Runs `serve` on `config_yaml` and returns its stderr, asserting that it refused to start.
+async fn serve_refuses(config_yaml: &str, upstream: &Upstream) -> String {
+    let dir = TempDir::new("pg-tls-config");
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:{}\nadmin_listen: 127.0.0.1:{}\n{}",
+            free_port(),
+            free_port(),
+            config_yaml.replace("{upstream}", &upstream.url())
+        ),
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .env_remove("DATABASE_URL")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(20), out)
+        .await
+        .expect("serve should refuse to start")
+        .unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}

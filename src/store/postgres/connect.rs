@@ -23,17 +23,39 @@ use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row, Statement};
 
+use tokio_postgres::config::SslMode;
+
 use super::tls::PgTlsConnect;
 use crate::store::describe;
+use crate::store::error::chain_has_handshake;
 
 /// One host's connection settings, and how to name it in errors.
 struct Host {
-    config: tokio_postgres::Config,
-    /// `config` with `statement_timeout` as a start-up option.
-    bounded: tokio_postgres::Config,
+    settings: Settings,
+    /// Under `sslmode=prefer`: the same without TLS, for a server whose handshake fails
+    /// (libpq then connects in plain).
+    plain: Option<Settings>,
     label: String,
     /// The host refused the start-up option: a transaction pooler (see the module doc).
     pooler: AtomicBool,
+}
+
+/// A host's settings as they are sent.
+struct Settings {
+    config: tokio_postgres::Config,
+    /// `config` with `statement_timeout` as a start-up option.
+    bounded: tokio_postgres::Config,
+}
+
+impl Settings {
+    fn new(config: tokio_postgres::Config, option: &str) -> Self {
+        let mut bounded = config.clone();
+        match config.get_options() {
+            Some(own) => bounded.options(format!("{own} {option}")),
+            None => bounded.options(option),
+        };
+        Settings { config, bounded }
+    }
 }
 
 /// The pool's connection maker.
@@ -61,16 +83,16 @@ impl PgManager {
         let hosts = hosts
             .into_iter()
             .map(|config| {
-                let mut bounded = config.clone();
                 let option = format!("-c statement_timeout={ms}");
-                match config.get_options() {
-                    Some(own) => bounded.options(format!("{own} {option}")),
-                    None => bounded.options(&option),
-                };
+                let plain = (config.get_ssl_mode() == SslMode::Prefer).then(|| {
+                    let mut plain = config.clone();
+                    plain.ssl_mode(SslMode::Disable);
+                    Settings::new(plain, &option)
+                });
                 Host {
                     label: label(&config),
-                    config,
-                    bounded,
+                    settings: Settings::new(config, &option),
+                    plain,
                     pooler: AtomicBool::new(false),
                 }
             })
@@ -89,13 +111,29 @@ impl PgManager {
         self.hosts.iter().any(|h| h.pooler.load(Ordering::Relaxed))
     }
 
-    /// One host's attempt: with the start-up option, or (a pooler) without it.
+    /// One host's attempt; under `sslmode=prefer`, again without TLS when the handshake
+    /// fails, as libpq does (a certificate rustls cannot read, a TLS version it refuses).
     async fn connect_host(
         &self,
         host: &Host,
     ) -> Result<(Client, Option<Arc<str>>), tokio_postgres::Error> {
+        match (self.connect_with(host, &host.settings).await, &host.plain) {
+            (Err(e), Some(plain)) if chain_has_handshake(&e) => {
+                tracing::warn!(host = %host.label, cause = %describe(&e), "sslmode=prefer: the TLS handshake failed, connecting without TLS");
+                self.connect_with(host, plain).await
+            }
+            (result, _) => result,
+        }
+    }
+
+    /// An attempt with `settings`: with the start-up option, or (a pooler) without it.
+    async fn connect_with(
+        &self,
+        host: &Host,
+        settings: &Settings,
+    ) -> Result<(Client, Option<Arc<str>>), tokio_postgres::Error> {
         if !host.pooler.load(Ordering::Relaxed) {
-            match host.bounded.connect(self.tls.clone()).await {
+            match settings.bounded.connect(self.tls.clone()).await {
                 Ok((client, connection)) => {
                     drive(connection);
                     return Ok((client, None));
@@ -112,7 +150,7 @@ impl PgManager {
                 Err(e) => return Err(e),
             }
         }
-        let (client, connection) = host.config.connect(self.tls.clone()).await?;
+        let (client, connection) = settings.config.connect(self.tls.clone()).await?;
         drive(connection);
         Ok((client, Some(Arc::clone(&self.begin))))
     }

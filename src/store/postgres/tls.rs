@@ -98,11 +98,22 @@ impl TlsConnect<Socket> for HostTlsConnect {
 /// server that speaks no TLS): not an outage but a configuration to fix, so the store
 /// tells it apart (see [`crate::store::StoreError::is_tls`]).
 #[derive(Debug, thiserror::Error)]
-#[error("TLS with PostgreSQL at {host} failed: {source}")]
+#[error("TLS with PostgreSQL at {host} failed: {source}{}", hint(.source))]
 pub struct HandshakeFailed {
     host: String,
     #[source]
     source: io::Error,
+}
+
+/// What to do about a handshake failure whose cause alone would not say.
+fn hint(source: &io::Error) -> &'static str {
+    if source.to_string().contains("UnsupportedCertVersion") {
+        " (the server's certificate is X.509 v1, which sslmode=verify-ca and verify-full \
+         cannot verify: reissue it as v3 with the CA, or use sslmode=require, which \
+         encrypts without verifying as libpq does)"
+    } else {
+        ""
+    }
 }
 
 /// An encrypted connection to PostgreSQL.
