@@ -14,17 +14,16 @@
 //! other clients, so a connection through one sends each statement inside
 //! `BEGIN; SET LOCAL statement_timeout …; …; COMMIT`, pipelined: still one round trip.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
-use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Row, Statement};
+use tokio_postgres::Client;
 
 use tokio_postgres::config::SslMode;
 
+use super::conn::PgConn;
 use super::tls::PgTlsConnect;
 use crate::store::describe;
 use crate::store::error::chain_has_handshake;
@@ -164,12 +163,7 @@ impl PgManager {
             match tokio::time::timeout(self.per_host, self.connect_host(host)).await {
                 Ok(Ok((client, begin))) => {
                     self.preferred.store(i, Ordering::Relaxed);
-                    return Ok(PgConn {
-                        client,
-                        spoiled: Arc::default(),
-                        begin,
-                        prepared: std::sync::Mutex::default(),
-                    });
+                    return Ok(PgConn::new(client, begin));
                 }
                 Ok(Err(e)) => attempts.push((host.label.clone(), Failure::Postgres(e))),
                 Err(_) => attempts.push((host.label.clone(), Failure::TimedOut(self.per_host))),
@@ -190,110 +184,6 @@ where
             tracing::debug!(cause = %describe(&e), "store connection ended");
         }
     });
-}
-
-/// A pooled connection.
-pub struct PgConn {
-    client: Client,
-    /// Raised when a call on this connection was given up (its statement may still be
-    /// running, or the server stopped answering): it is not lent again.
-    spoiled: Arc<AtomicBool>,
-    /// Behind a pooler: the `BEGIN; SET LOCAL …` each statement runs after.
-    begin: Option<Arc<str>>,
-    /// Direct connections only: statements prepared on this connection, by their SQL, so
-    /// that each is parsed and planned once per connection rather than on every call.
-    /// (Behind a pooler a named statement would live on some other server connection.)
-    prepared: std::sync::Mutex<HashMap<String, Statement>>,
-}
-
-impl PgConn {
-    /// Runs an unnamed typed statement (bounded on the server, see the module doc).
-    pub async fn typed_query(
-        &self,
-        sql: &str,
-        params: &[(&(dyn ToSql + Sync), Type)],
-    ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        let Some(begin) = &self.begin else {
-            let statement = self.prepare(sql, params).await?;
-            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
-            return self.client.query(&statement, &values).await;
-        };
-        // Queued in this order, sent back to back: one round trip.
-        let (began, rows, committed) = tokio::join!(
-            self.client.batch_execute(begin),
-            self.client.query_typed(sql, params),
-            self.client.batch_execute("COMMIT"),
-        );
-        began?;
-        let rows = rows?;
-        committed?;
-        Ok(rows)
-    }
-
-    /// The statement for `sql` on this connection, prepared on first use.
-    async fn prepare(
-        &self,
-        sql: &str,
-        params: &[(&(dyn ToSql + Sync), Type)],
-    ) -> Result<Statement, tokio_postgres::Error> {
-        let cached = self
-            .prepared
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(sql)
-            .cloned();
-        if let Some(statement) = cached {
-            return Ok(statement);
-        }
-        let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
-        let statement = self.client.prepare_typed(sql, &types).await?;
-        self.prepared
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(sql.to_owned(), statement.clone());
-        Ok(statement)
-    }
-
-    /// Like [`PgConn::typed_query`], for the count of rows a statement touched.
-    pub async fn typed_execute(
-        &self,
-        sql: &str,
-        params: &[(&(dyn ToSql + Sync), Type)],
-    ) -> Result<u64, tokio_postgres::Error> {
-        let Some(begin) = &self.begin else {
-            let statement = self.prepare(sql, params).await?;
-            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
-            return self.client.execute(&statement, &values).await;
-        };
-        let (began, count, committed) = tokio::join!(
-            self.client.batch_execute(begin),
-            self.client.execute_typed(sql, params),
-            self.client.batch_execute("COMMIT"),
-        );
-        began?;
-        let count = count?;
-        committed?;
-        Ok(count)
-    }
-
-    /// A handle that marks this connection unfit for reuse.
-    pub fn spoiler(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.spoiled)
-    }
-}
-
-impl std::ops::Deref for PgConn {
-    type Target = Client;
-
-    fn deref(&self) -> &Client {
-        &self.client
-    }
-}
-
-impl std::ops::DerefMut for PgConn {
-    fn deref_mut(&mut self) -> &mut Client {
-        &mut self.client
-    }
 }
 
 impl managed::Manager for PgManager {

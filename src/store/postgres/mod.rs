@@ -8,6 +8,7 @@
 //! [`batch`]).
 
 mod batch;
+mod conn;
 mod connect;
 mod form_agreement;
 mod listen;
