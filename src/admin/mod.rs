@@ -91,7 +91,14 @@ async fn ready<S: KeyStore>(proxy: &Proxy<S>) -> Response<ProxyBody> {
         .into_response();
     }
     match proxy.store().ping().await {
-        Ok(()) => text(StatusCode::OK, "text/plain", "ready\n"),
+        Ok(()) => match proxy.store().location() {
+            Some(at) => text(
+                StatusCode::OK,
+                "text/plain",
+                format!("ready: store at {at}\n"),
+            ),
+            None => text(StatusCode::OK, "text/plain", "ready\n"),
+        },
         Err(e @ StoreError::SchemaBehind { .. }) => {
             tracing::warn!(cause = %e, "not ready: store schema not migrated");
             AdminError::StoreNotMigrated(format!("The idempotency store answers, but {e}."))

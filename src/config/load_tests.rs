@@ -448,3 +448,34 @@ fn tracing_needs_an_otlp_http_endpoint() {
         assert!(e.contains(key), "{bad}: {e}");
     }
 }
+
+/// A `connect_timeout` not well under the store timeout is accepted, with a warning that
+/// says what a vanished first host costs; the default and half the timeout are quiet.
+#[test]
+fn slow_failover_settings_are_warned_about() {
+    let with = |extra: &str| {
+        let text = format!(
+            "{UP}store:\n  postgres:\n    url: postgres://u@old:5432,new:5432/pay?target_session_attrs=read-write\n    timeout: 1s\n{extra}"
+        );
+        load_str(&text, &Overrides::default()).map(|c| c.warnings)
+    };
+    let quiet = |extra: &str| {
+        let w = with(extra).unwrap();
+        assert!(!w.iter().any(|w| w.contains("connect_timeout")), "{w:?}");
+    };
+    quiet("");
+    quiet("    connect_timeout: 500ms\n");
+    for slow in ["    connect_timeout: 1s\n", "    connect_timeout: 3s\n"] {
+        let warnings = with(slow).unwrap();
+        let w = warnings
+            .iter()
+            .find(|w| w.contains("store.postgres.connect_timeout"))
+            .unwrap_or_else(|| panic!("{slow}: {warnings:?}"));
+        assert!(w.contains("the next host") && w.contains("503"), "{w}");
+    }
+    let warnings = with("    connect_timeout: 3s\n").unwrap();
+    assert!(
+        warnings.iter().any(|w| w.contains("about 4s of 503s")),
+        "{warnings:?}"
+    );
+}

@@ -149,6 +149,10 @@ impl KeyStore for AnyStore {
     async fn ping(&self) -> Result<(), StoreError> {
         delegate!(self, s => s.ping().await)
     }
+
+    fn location(&self) -> Option<String> {
+        delegate!(self, s => s.location())
+    }
 }
 
 impl WriteBatch for AnyStore {

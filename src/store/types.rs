@@ -345,4 +345,10 @@ pub trait KeyStore: Send + Sync + 'static {
 
     /// Whether the store answers at all (readiness).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Where the store's connections go now (`host:port (address)`), for `/readyz` and
+    /// the log: after a failover, which server is the primary.
+    fn location(&self) -> Option<String> {
+        None
+    }
 }

@@ -195,6 +195,7 @@ async fn agree_later(proxy: Proxy<AnyStore>) {
 fn log_postgres_connection(config: &Config, pg: &PgStore, settings: &config::PostgresConfig) {
     let pooler = pg.behind_pooler();
     tracing::info!(
+        host = pg.connected_to().as_deref().unwrap_or("?"),
         tls = %settings.tls.summary(),
         encrypted = pg.tls_used(),
         transaction_pooler = pooler,

@@ -184,6 +184,9 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
         );
     }
     let mut warnings = warnings;
+    if let Some(StoreConfig::Postgres(pg)) = &store {
+        warnings.extend(store::failover_warning(pg));
+    }
     if encryption.is_none() && matches!(store, Some(StoreConfig::Postgres(_))) {
         warnings.push(
             "encryption is off: stored answers (bodies and headers) are kept in clear in PostgreSQL, where backups, replicas and psql sessions see them; configure `encryption.keys` (see docs/security.md)".to_owned(),

@@ -100,14 +100,15 @@ fn build_postgres(p: &mut Problems, pg: &FilePostgres, replay_cache: u64) -> Opt
     if timeout.is_zero() {
         p.push("store.postgres.timeout", "must be more than 0s");
     }
-    // Per host: a host that vanished (no answer, no reset) must leave time for the next.
+    // Per address: a host that vanished (no answer, no reset) must leave time for the next
+    // (`failover_warning` says what a longer one costs).
     let connect_timeout = pg
         .connect_timeout
         .map_or(DEFAULT_PG_CONNECT_TIMEOUT.min(timeout / 2), |d| d.0);
-    if connect_timeout.is_zero() || connect_timeout > timeout {
+    if connect_timeout.is_zero() {
         p.push(
             "store.postgres.connect_timeout",
-            "must be more than 0s and at most the store timeout (it bounds each host of a multi-host URL; keep it well under the timeout so the next host is reached in time)",
+            "must be more than 0s (it bounds each host's connection attempt)",
         );
     }
     Some(StoreConfig::Postgres(PostgresConfig {
@@ -204,4 +205,27 @@ fn build_pg_tls(p: &mut Problems, pg: &FilePostgres, in_url: TlsParams) -> Optio
             None
         }
     }
+}
+
+/// A warning when `connect_timeout` is not well under the store `timeout`: a first host
+/// that vanished (accepts and never answers) then costs every call for a while, since no
+/// call lasts long enough to see its connection attempt reach the next host.
+pub(super) fn failover_warning(pg: &crate::config::PostgresConfig) -> Option<String> {
+    let (connect, timeout) = (pg.connect_timeout, pg.timeout);
+    if connect.saturating_mul(2) <= timeout {
+        return None;
+    }
+    let hosts = crate::config::libpq::split_hosts(&pg.url).len();
+    let next = if hosts > 1 {
+        "the next host"
+    } else {
+        "the name's next address"
+    };
+    Some(format!(
+        "store.postgres.connect_timeout ({}) is more than half of store.postgres.timeout ({}): when a database host vanishes (a VM gone, an address that accepts and never answers), every store call gives up (503, nothing forwarded) before the connection attempt reaches {next}; the attempt goes on in the background and serves the calls after it, so a vanished first host costs about {} of 503s (calls in flight on it: up to the timeout, then the attempt: up to connect_timeout). Set connect_timeout to at most half the timeout (e.g. {}) to fail over within one call.",
+        crate::config::units::format_duration(connect),
+        crate::config::units::format_duration(timeout),
+        crate::config::units::format_duration(timeout + connect),
+        crate::config::units::format_duration(timeout / 2),
+    ))
 }

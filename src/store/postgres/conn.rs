@@ -15,7 +15,7 @@ pub struct PgConn {
     pub(super) client: Client,
     /// Raised when a call on this connection was given up (its statement may still be
     /// running, or the server stopped answering): it is not lent again.
-    pub(super) spoiled: Arc<AtomicBool>,
+    spoiled: Arc<AtomicBool>,
     /// Behind a pooler: the `BEGIN; SET LOCAL …` each statement runs after.
     begin: Option<Arc<str>>,
     /// Direct connections only: statements prepared on this connection, by their SQL, so
@@ -102,6 +102,11 @@ impl PgConn {
         let count = count?;
         committed?;
         Ok(count)
+    }
+
+    /// Whether a call on this connection was given up (see [`PgConn::spoiler`]).
+    pub(super) fn is_spoiled(&self) -> bool {
+        self.spoiled.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A handle that marks this connection unfit for reuse.

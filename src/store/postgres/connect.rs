@@ -1,11 +1,14 @@
-//! Making the store's connections: each host of a multi-host URL tried in turn, each
-//! attempt (TCP, TLS, start-up, `target_session_attrs` check) bounded as a whole, the host
-//! that answered last tried first.
+//! Making one store connection: each host of a multi-host URL tried in turn, its name
+//! resolved at every attempt and each address tried, each address's attempt (TCP, TLS,
+//! start-up, `target_session_attrs` check) bounded as a whole by `connect_timeout`; a host
+//! that failed or timed out goes to the back of the order until it answers again.
 //!
-//! tokio-postgres would try the hosts itself, but in a fixed order and with only the TCP
-//! connect bounded: a primary that vanished behind a live address (a frozen VM, a proxy
-//! that accepts and never answers) would hold every new connection until the store call
-//! gives up, and the service would not come back after a promotion.
+//! tokio-postgres would try the hosts itself, but in a fixed order, resolving once, with
+//! only the TCP connect bounded: a primary that vanished behind a live address (a frozen
+//! VM, a proxy that accepts and never answers) would hold every new connection, and a
+//! managed database's DNS failover would not be followed. Attempts outlive the call that
+//! started them ([`super::manager`]), so the next host is reached even when the store
+//! timeout is shorter than a host's `connect_timeout`.
 //!
 //! Statements are also bounded on the server, by `statement_timeout` equal to the store
 //! timeout, so that a statement the proxy gave up on does not go on waiting for (or
@@ -14,95 +17,94 @@
 //! other clients, so a connection through one sends each statement inside
 //! `BEGIN; SET LOCAL statement_timeout …; …; COMMIT`, pipelined: still one round trip.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use tokio_postgres::Client;
-
-use tokio_postgres::config::SslMode;
+use tokio_postgres::config::{Host as PgHost, SslMode};
 
 use super::conn::PgConn;
-use super::tls::PgTlsConnect;
+use super::tls::{PgTlsConnect, PgTlsStream};
 use crate::store::describe;
 use crate::store::error::chain_has_handshake;
 
-/// One host's connection settings, and how to name it in errors.
+/// A connection just made: the client, its I/O to drive, and (behind a pooler) what each
+/// statement is prefixed with.
+pub type Opened = (
+    Client,
+    tokio_postgres::Connection<tokio_postgres::Socket, PgTlsStream>,
+    Option<Arc<str>>,
+);
+
+/// One host of the URL, and how to name it in errors.
 struct Host {
-    settings: Settings,
-    /// Under `sslmode=prefer`: the same without TLS, for a server whose handshake fails
-    /// (libpq then connects in plain).
-    plain: Option<Settings>,
+    config: tokio_postgres::Config,
     label: String,
     /// The host refused the start-up option: a transaction pooler (see the module doc).
     pooler: AtomicBool,
+    /// Its last attempt timed out (it accepts and never answers, or cannot be reached):
+    /// tried after hosts that at least answer, until it answers again.
+    silent: AtomicBool,
 }
 
-/// A host's settings as they are sent.
-struct Settings {
-    config: tokio_postgres::Config,
-    /// `config` with `statement_timeout` as a start-up option.
-    bounded: tokio_postgres::Config,
-}
-
-impl Settings {
-    fn new(config: tokio_postgres::Config, option: &str) -> Self {
-        let mut bounded = config.clone();
-        match config.get_options() {
-            Some(own) => bounded.options(format!("{own} {option}")),
-            None => bounded.options(option),
-        };
-        Settings { config, bounded }
-    }
-}
-
-/// The pool's connection maker.
-pub struct PgManager {
+/// Makes connections to the hosts of one URL.
+pub struct Connector {
     hosts: Vec<Host>,
-    /// The host that answered last: tried first next time.
-    preferred: AtomicUsize,
+    /// Indexes into `hosts`, in the order to try them.
+    order: Mutex<Vec<usize>>,
     tls: PgTlsConnect,
-    /// Bound on one host's whole attempt.
-    per_host: Duration,
+    /// Bound on one address's whole attempt (`connect_timeout`).
+    pub(super) per_address: Duration,
+    /// The start-up option that sets `statement_timeout`.
+    option: String,
     /// What each statement is prefixed with behind a pooler.
     begin: Arc<str>,
+    /// The host and address of the last connection made, for the log and `/readyz`.
+    in_use: Mutex<Option<String>>,
+    /// Which connections these are, in the log: the pool's, or the `LISTEN` connection.
+    role: &'static str,
 }
 
-impl PgManager {
+impl Connector {
     /// `hosts` are single-host configurations (see `config::libpq::split_hosts`);
     /// statements are bounded on the server by `statement_timeout`.
     pub fn new(
+        role: &'static str,
         hosts: Vec<tokio_postgres::Config>,
         tls: PgTlsConnect,
-        per_host: Duration,
+        per_address: Duration,
         statement_timeout: Duration,
     ) -> Self {
         let ms = statement_timeout.as_millis();
-        let hosts = hosts
+        let hosts: Vec<Host> = hosts
             .into_iter()
-            .map(|config| {
-                let option = format!("-c statement_timeout={ms}");
-                let plain = (config.get_ssl_mode() == SslMode::Prefer).then(|| {
-                    let mut plain = config.clone();
-                    plain.ssl_mode(SslMode::Disable);
-                    Settings::new(plain, &option)
-                });
-                Host {
-                    label: label(&config),
-                    settings: Settings::new(config, &option),
-                    plain,
-                    pooler: AtomicBool::new(false),
-                }
+            .map(|config| Host {
+                label: label(&config),
+                config,
+                pooler: AtomicBool::new(false),
+                silent: AtomicBool::new(false),
             })
             .collect();
         Self {
+            order: Mutex::new((0..hosts.len()).collect()),
             hosts,
-            preferred: AtomicUsize::new(0),
             tls,
-            per_host,
+            per_address,
+            option: format!("-c statement_timeout={ms}"),
             begin: format!("BEGIN; SET LOCAL statement_timeout = {ms}").into(),
+            in_use: Mutex::default(),
+            role,
         }
+    }
+
+    /// Whether the URL asks for the primary (`target_session_attrs=read-write`).
+    pub fn wants_primary(&self) -> bool {
+        self.hosts.iter().any(|h| {
+            h.config.get_target_session_attrs()
+                == tokio_postgres::config::TargetSessionAttrs::ReadWrite
+        })
     }
 
     /// Whether a host turned out to be a transaction pooler.
@@ -110,33 +112,155 @@ impl PgManager {
         self.hosts.iter().any(|h| h.pooler.load(Ordering::Relaxed))
     }
 
-    /// One host's attempt; under `sslmode=prefer`, again without TLS when the handshake
+    /// The host and address of the last connection made (`host:port (address)`).
+    pub fn in_use(&self) -> Option<String> {
+        self.in_use
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// A pooled connection to the first host, in the current order, that takes it.
+    pub async fn connect(&self) -> Result<PgConn, ConnectError> {
+        let (client, connection, begin) = self.open().await?;
+        drive(connection);
+        Ok(PgConn::new(client, begin))
+    }
+
+    /// A connection to the first host, in the current order, that takes it, with its
+    /// I/O left to the caller (the `LISTEN` connection reads notifications off it), and
+    /// the statement prefix when it goes through a pooler.
+    pub async fn open(&self) -> Result<Opened, ConnectError> {
+        let order = self
+            .order
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let mut attempts = Vec::new();
+        for i in order {
+            let host = &self.hosts[i];
+            let mut silent = true;
+            for address in self.addresses(host).await {
+                let shown = match address {
+                    Some(ip) => format!("{} ({ip})", host.label),
+                    None => host.label.clone(),
+                };
+                match tokio::time::timeout(self.per_address, self.connect_host(host, address)).await
+                {
+                    Ok(Ok(opened)) => {
+                        host.silent.store(false, Ordering::Relaxed);
+                        self.answered(shown);
+                        return Ok(opened);
+                    }
+                    Ok(Err(e)) => {
+                        silent &= pg_unreachable_io(&e);
+                        attempts.push((shown, Failure::Postgres(e)));
+                    }
+                    Err(_) => attempts.push((shown, Failure::TimedOut(self.per_address))),
+                }
+            }
+            host.silent.store(silent, Ordering::Relaxed);
+            self.to_back(i);
+        }
+        Err(ConnectError { attempts })
+    }
+
+    /// The addresses to try for `host`, resolved now (a name a managed failover moved is
+    /// followed); `None` to let tokio-postgres connect by itself (an IP address, a Unix
+    /// socket, or a name that does not resolve, whose error it then reports).
+    async fn addresses(&self, host: &Host) -> Vec<Option<IpAddr>> {
+        let port = host.config.get_ports().first().copied().unwrap_or(5432);
+        let (Some(PgHost::Tcp(name)), []) =
+            (host.config.get_hosts().first(), host.config.get_hostaddrs())
+        else {
+            return vec![None];
+        };
+        if name.parse::<IpAddr>().is_ok() {
+            return vec![None];
+        }
+        let resolved = tokio::time::timeout(
+            self.per_address,
+            tokio::net::lookup_host((name.as_str(), port)),
+        )
+        .await;
+        let mut ips: Vec<IpAddr> = match resolved {
+            Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
+            _ => return vec![None],
+        };
+        ips.dedup();
+        if ips.is_empty() {
+            return vec![None];
+        }
+        ips.into_iter().map(Some).collect()
+    }
+
+    /// Records the connection just made; logs when it goes somewhere new.
+    fn answered(&self, shown: String) {
+        let mut in_use = self.in_use.lock().unwrap_or_else(PoisonError::into_inner);
+        if in_use.as_deref() != Some(shown.as_str()) {
+            tracing::info!(connections = self.role, host = %shown, "store {} connections go to {shown}", self.role);
+            *in_use = Some(shown);
+        }
+    }
+
+    /// Moves host `i`, which failed or did not answer, behind the others: behind every
+    /// host when it is silent, else before the silent ones (a standby that refuses writes
+    /// answers at once; a vanished primary costs `connect_timeout`). Logged when it changes.
+    fn to_back(&self, i: usize) {
+        let mut order = self.order.lock().unwrap_or_else(PoisonError::into_inner);
+        let silent = |h: &usize| self.hosts[*h].silent.load(Ordering::Relaxed);
+        let before: Vec<usize> = order.clone();
+        order.retain(|h| *h != i);
+        let at = if silent(&i) {
+            order.len()
+        } else {
+            order.iter().position(silent).unwrap_or(order.len())
+        };
+        order.insert(at, i);
+        if *order != before {
+            let shown: Vec<&str> = order
+                .iter()
+                .map(|h| self.hosts[*h].label.as_str())
+                .collect();
+            tracing::warn!(connections = self.role, host = %self.hosts[i].label, order = %shown.join(", "), "store host failed or did not answer; hosts are tried in a new order");
+        }
+    }
+
+    /// One address's attempt; under `sslmode=prefer`, again without TLS when the handshake
     /// fails, as libpq does (a certificate rustls cannot read, a TLS version it refuses).
     async fn connect_host(
         &self,
         host: &Host,
-    ) -> Result<(Client, Option<Arc<str>>), tokio_postgres::Error> {
-        match (self.connect_with(host, &host.settings).await, &host.plain) {
-            (Err(e), Some(plain)) if chain_has_handshake(&e) => {
+        address: Option<IpAddr>,
+    ) -> Result<Opened, tokio_postgres::Error> {
+        let mut config = host.config.clone();
+        if let Some(ip) = address {
+            config.hostaddr(ip);
+        }
+        match self.connect_with(host, &config).await {
+            Err(e) if config.get_ssl_mode() == SslMode::Prefer && chain_has_handshake(&e) => {
                 tracing::warn!(host = %host.label, cause = %describe(&e), "sslmode=prefer: the TLS handshake failed, connecting without TLS");
-                self.connect_with(host, plain).await
+                config.ssl_mode(SslMode::Disable);
+                self.connect_with(host, &config).await
             }
-            (result, _) => result,
+            result => result,
         }
     }
 
-    /// An attempt with `settings`: with the start-up option, or (a pooler) without it.
+    /// An attempt with `config`: with the start-up option, or (a pooler) without it.
     async fn connect_with(
         &self,
         host: &Host,
-        settings: &Settings,
-    ) -> Result<(Client, Option<Arc<str>>), tokio_postgres::Error> {
+        config: &tokio_postgres::Config,
+    ) -> Result<Opened, tokio_postgres::Error> {
         if !host.pooler.load(Ordering::Relaxed) {
-            match settings.bounded.connect(self.tls.clone()).await {
-                Ok((client, connection)) => {
-                    drive(connection);
-                    return Ok((client, None));
-                }
+            let mut bounded = config.clone();
+            match config.get_options() {
+                Some(own) => bounded.options(format!("{own} {}", self.option)),
+                None => bounded.options(&self.option),
+            };
+            match bounded.connect(self.tls.clone()).await {
+                Ok((client, connection)) => return Ok((client, connection, None)),
                 // PgBouncer: "unsupported startup parameter: options".
                 Err(e)
                     if e.as_db_error().is_some_and(|db| {
@@ -149,27 +273,8 @@ impl PgManager {
                 Err(e) => return Err(e),
             }
         }
-        let (client, connection) = settings.config.connect(self.tls.clone()).await?;
-        drive(connection);
-        Ok((client, Some(Arc::clone(&self.begin))))
-    }
-
-    /// A connection to the first host (starting with the preferred one) that takes it.
-    pub async fn connect(&self) -> Result<PgConn, ConnectError> {
-        let first = self.preferred.load(Ordering::Relaxed);
-        let mut attempts = Vec::new();
-        for i in (0..self.hosts.len()).map(|n| (first + n) % self.hosts.len()) {
-            let host = &self.hosts[i];
-            match tokio::time::timeout(self.per_host, self.connect_host(host)).await {
-                Ok(Ok((client, begin))) => {
-                    self.preferred.store(i, Ordering::Relaxed);
-                    return Ok(PgConn::new(client, begin));
-                }
-                Ok(Err(e)) => attempts.push((host.label.clone(), Failure::Postgres(e))),
-                Err(_) => attempts.push((host.label.clone(), Failure::TimedOut(self.per_host))),
-            }
-        }
-        Err(ConnectError { attempts })
+        let (client, connection) = config.connect(self.tls.clone()).await?;
+        Ok((client, connection, Some(Arc::clone(&self.begin))))
     }
 }
 
@@ -184,27 +289,6 @@ where
             tracing::debug!(cause = %describe(&e), "store connection ended");
         }
     });
-}
-
-impl managed::Manager for PgManager {
-    type Type = PgConn;
-    type Error = ConnectError;
-
-    async fn create(&self) -> Result<PgConn, ConnectError> {
-        self.connect().await
-    }
-
-    async fn recycle(&self, conn: &mut PgConn, _: &Metrics) -> RecycleResult<ConnectError> {
-        if conn.client.is_closed() {
-            return Err(RecycleError::message("the connection is closed"));
-        }
-        if conn.spoiled.load(Ordering::Relaxed) {
-            return Err(RecycleError::message(
-                "a call on this connection was given up",
-            ));
-        }
-        Ok(())
-    }
 }
 
 fn label(config: &tokio_postgres::Config) -> String {
@@ -241,6 +325,9 @@ impl ConnectError {
 
 impl std::fmt::Display for ConnectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.attempts.is_empty() {
+            return f.write_str("the connection attempt ended without a result");
+        }
         for (i, (host, failure)) in self.attempts.iter().enumerate() {
             if i > 0 {
                 f.write_str("; ")?;
@@ -256,32 +343,27 @@ impl std::fmt::Display for ConnectError {
 
 impl std::error::Error for ConnectError {}
 
-/// The tokio-postgres settings for a connection string (its TLS parameters already taken
-/// out by the configuration): TLS as `sslmode` says, the connect timeout per host, and an
-/// application name for `pg_stat_activity`.
-pub(super) fn connection_config(
-    url: &str,
-    config: &crate::config::PostgresConfig,
-) -> Result<tokio_postgres::Config, crate::store::StoreError> {
-    use crate::config::PgSslMode;
-    use tokio_postgres::config::SslMode;
-    let mut pg: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
-        crate::store::StoreError::Config(format!("database URL: {e}"))
-    })?;
-    pg.connect_timeout(config.connect_timeout);
-    pg.ssl_mode(match config.tls.mode {
-        PgSslMode::Disable => SslMode::Disable,
-        PgSslMode::Prefer => SslMode::Prefer,
-        PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull => SslMode::Require,
-    });
-    if pg.get_application_name().is_none() {
-        pg.application_name("idemproxy");
-    }
-    // TCP keepalives after 10 s idle instead of libpq's and the kernel's 2 h, unless the
-    // URL says otherwise: a host that vanished is noticed on an idle connection (the
-    // notification connection is idle most of the time).
-    if pg.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
-        pg.keepalives_idle(Duration::from_secs(10));
-    }
-    Ok(pg)
+/// Whether an attempt's error means nothing answered (refused, unreachable, reset) rather
+/// than a server that answered (read-only, a wrong password, a TLS handshake).
+fn pg_unreachable_io(e: &tokio_postgres::Error) -> bool {
+    use std::io::ErrorKind as K;
+    let io = std::error::Error::source(e).and_then(|s| s.downcast_ref::<std::io::Error>());
+    io.is_some_and(|io| {
+        matches!(
+            io.kind(),
+            K::TimedOut
+                | K::ConnectionRefused
+                | K::ConnectionReset
+                | K::ConnectionAborted
+                | K::HostUnreachable
+                | K::NetworkUnreachable
+                | K::NotConnected
+                | K::UnexpectedEof
+                | K::BrokenPipe
+        )
+    }) && !chain_has_handshake(e)
 }
+
+#[cfg(test)]
+#[path = "connect_tests.rs"]
+mod tests;

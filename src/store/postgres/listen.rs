@@ -12,13 +12,14 @@ use std::time::Duration;
 
 use tokio_postgres::AsyncMessage;
 
-use super::tls::PgTlsConnect;
+use super::connect::Connector;
 use crate::store::Waiters;
 use crate::store::replay_cache::ReplayCache;
 use crate::store::types::KeyId;
 
-/// How long one attempt at the notification connection may take.
-const CONNECT_BOUND: Duration = Duration::from_secs(10);
+/// How often the `LISTEN` connection checks that its server still answers and is the
+/// primary.
+const HEARTBEAT: Duration = Duration::from_secs(2);
 
 /// The channel every replica notifies on when a key is completed or released.
 pub(super) const CHANNEL: &str = "idemproxy_done";
@@ -30,22 +31,16 @@ pub(super) const EVICTED: &str = "idemproxy_evicted";
 /// waiters are woken once and the replay cache is emptied, since notifications may have
 /// been missed meanwhile; while disconnected the cache serves nothing.
 pub(super) async fn listen(
-    config: Arc<tokio_postgres::Config>,
-    tls: PgTlsConnect,
+    connector: Connector,
     waiters: Arc<Waiters>,
     cache: Option<Arc<ReplayCache>>,
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        // Bounded as a whole: a host that accepts and never answers (a frozen primary)
-        // must not hold the notification connection's reconnects forever.
-        let connected = match tokio::time::timeout(CONNECT_BOUND, config.connect(tls.clone())).await
-        {
-            Ok(result) => result.map_err(|e| crate::store::describe(&e)),
-            Err(_) => Err(format!("no answer within {CONNECT_BOUND:?}")),
-        };
-        match connected {
-            Ok((client, mut connection)) => {
+        // Made as the pool's connections are: each host and address bounded, a host that
+        // accepts and never answers (a frozen primary) tried last from then on.
+        match connector.open().await {
+            Ok((client, mut connection, _)) => {
                 let drive = async {
                     loop {
                         match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
@@ -82,7 +77,12 @@ pub(super) async fn listen(
                     if let Some(cache) = &cache {
                         cache.set_live(true);
                     }
-                    drive.await;
+                    tokio::select! {
+                        () = &mut drive => {}
+                        why = heartbeat(&client, &connector) => {
+                            tracing::warn!(cause = %why, "notification connection no longer reaches the primary; reconnecting");
+                        }
+                    }
                 }
             }
             Err(e) => {
@@ -95,6 +95,29 @@ pub(super) async fn listen(
         waiters.wake_all();
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Resolves when the `LISTEN` connection stops being worth keeping: its server stopped
+/// answering (a vanished host holds an idle connection open without a word, and TCP
+/// keepalives do not help behind a proxy that answers them), or turned read-only when the
+/// URL asks for the primary (notifications are sent on the primary only).
+async fn heartbeat(client: &tokio_postgres::Client, connector: &Connector) -> String {
+    loop {
+        tokio::time::sleep(HEARTBEAT).await;
+        let check = client.simple_query("SHOW transaction_read_only");
+        match tokio::time::timeout(connector.per_address, check).await {
+            Ok(Ok(messages)) => {
+                let read_only = messages.iter().any(|m| {
+                    matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("on"))
+                });
+                if read_only && connector.wants_primary() {
+                    return "the server is read-only now (demoted, or a standby)".to_owned();
+                }
+            }
+            Ok(Err(e)) => return crate::store::describe(&e),
+            Err(_) => return format!("no answer within {:?}", connector.per_address),
+        }
     }
 }
 

@@ -12,9 +12,11 @@ mod conn;
 mod connect;
 mod form_agreement;
 mod listen;
+mod manager;
 mod migrate;
 mod rehash;
 mod reseal;
+mod settings;
 mod sql;
 mod tls;
 mod unresolved;
@@ -38,8 +40,10 @@ use crate::store::Waiters;
 use crate::store::group_commit::{GroupCommit, Write};
 use crate::store::replay_cache::{ReplayCache, reserve_through};
 use crate::store::types::*;
-use connect::{PgManager, connection_config};
+use connect::Connector;
 use listen::listen;
+use manager::PgManager;
+use settings::connection_config;
 use sql::*;
 use tls::PgTlsConnect;
 
@@ -58,7 +62,9 @@ pub struct PgStore {
     /// Duplicates waiting in this process, woken from the `LISTEN` connection.
     waiters: Arc<Waiters>,
     /// Connection settings for the `LISTEN` connection, which lives outside the pool.
-    listen_config: Arc<tokio_postgres::Config>,
+    listen_hosts: Arc<Vec<tokio_postgres::Config>>,
+    /// Bounds on connecting and on statements, for the `LISTEN` connection's connector.
+    connect_timeout: Duration,
     /// TLS for every connection (`sslmode`); unused under `disable`.
     tls: PgTlsConnect,
     /// Where connections go (hosts, database, user), for errors.
@@ -81,14 +87,23 @@ pub struct PgStore {
 impl PgStore {
     /// Builds the pool; no connection is made until the first call.
     pub fn new(config: &PostgresConfig) -> Result<Self, StoreError> {
-        let listen_config =
-            connection_config(config.listen_url.as_ref().unwrap_or(&config.url), config)?;
-        let hosts = crate::config::libpq::split_hosts(&config.url)
-            .iter()
-            .map(|url| connection_config(url, config))
-            .collect::<Result<Vec<_>, _>>()?;
+        let hosts_of = |url: &str| {
+            crate::config::libpq::split_hosts(url)
+                .iter()
+                .map(|url| connection_config(url, config))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let listen_hosts = hosts_of(config.listen_url.as_ref().unwrap_or(&config.url))?;
+        let hosts = hosts_of(&config.url)?;
         let tls = PgTlsConnect::new(Arc::clone(&config.tls.client));
-        let manager = PgManager::new(hosts, tls.clone(), config.connect_timeout, config.timeout);
+        let connector = Connector::new(
+            "pool",
+            hosts,
+            tls.clone(),
+            config.connect_timeout,
+            config.timeout,
+        );
+        let manager = PgManager::new(connector, config.pool_size);
         let pool = Pool::builder(manager)
             .max_size(config.pool_size)
             .runtime(Runtime::Tokio1)
@@ -117,7 +132,8 @@ impl PgStore {
             pool,
             timeout: config.timeout,
             waiters: Arc::default(),
-            listen_config: Arc::new(listen_config),
+            listen_hosts: Arc::new(listen_hosts),
+            connect_timeout: config.connect_timeout,
             tls,
             target: config.target().into(),
             listening: Arc::default(),
@@ -142,9 +158,15 @@ impl PgStore {
     /// Starts the `LISTEN` connection, once: wait-mode routes and the replay cache need it.
     fn start_listening(&self) {
         self.listening.get_or_init(|| {
-            tokio::spawn(listen(
-                Arc::clone(&self.listen_config),
+            let connector = Connector::new(
+                "notification",
+                self.listen_hosts.to_vec(),
                 self.tls.clone(),
+                self.connect_timeout,
+                self.timeout,
+            );
+            tokio::spawn(listen(
+                connector,
                 Arc::clone(&self.waiters),
                 self.cache.clone(),
             ));
@@ -160,6 +182,12 @@ impl PgStore {
         (self.listen_direct || !self.behind_pooler()).then_some(cache)
     }
 
+    /// The host and address connections go to now (`host:port (address)`), once one was
+    /// made: for the start-up log and `/readyz`.
+    pub fn connected_to(&self) -> Option<String> {
+        self.pool.manager().connector().in_use()
+    }
+
     /// Whether a connection so far used TLS (for the start-up log).
     pub fn tls_used(&self) -> bool {
         self.tls.was_used()
@@ -168,7 +196,7 @@ impl PgStore {
     /// Whether the connections so far went through a transaction pooler (for the
     /// start-up log: notifications do not pass one).
     pub fn behind_pooler(&self) -> bool {
-        self.pool.manager().behind_pooler()
+        self.pool.manager().connector().behind_pooler()
     }
 
     /// Waits for one of `pool_size` turns to use a connection; the call holds it until done.
@@ -416,5 +444,9 @@ impl KeyStore for PgStore {
             return Err(StoreError::SchemaBehind { found, needed });
         }
         Ok(())
+    }
+
+    fn location(&self) -> Option<String> {
+        self.connected_to()
     }
 }

@@ -42,6 +42,18 @@ impl ProxyProcess {
 
     /// Like `spawn`, with more arguments for `serve` (e.g. `--migrate`).
     pub async fn spawn_with(yaml: &str, upstream: &Upstream, db: &Backend, args: &[&str]) -> Self {
+        Self::spawn_wrapped(yaml, upstream, db, args, &[]).await
+    }
+
+    /// Like `spawn_with`, the binary started through `wrapper` (a program and its
+    /// arguments, which must run the binary it is given after them, e.g. `unshare`).
+    pub async fn spawn_wrapped(
+        yaml: &str,
+        upstream: &Upstream,
+        db: &Backend,
+        args: &[&str],
+        wrapper: &[&str],
+    ) -> Self {
         // Both held open while choosing, so the two ports cannot be the same one (two
         // `free_port()` calls in a row can be handed the same port back).
         let held = [free_listener(), free_listener()];
@@ -63,7 +75,16 @@ impl ProxyProcess {
         let config = dir.join("config.yaml");
         std::fs::write(&config, text).unwrap();
         let log = dir.join("stderr.log");
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
+        let binary = env!("CARGO_BIN_EXE_idemproxy");
+        let mut command = match wrapper {
+            [program, rest @ ..] => {
+                let mut c = tokio::process::Command::new(program);
+                c.args(rest).arg(binary);
+                c
+            }
+            [] => tokio::process::Command::new(binary),
+        };
+        let child = command
             .arg("serve")
             .arg("--config")
             .arg(&config)

@@ -18,22 +18,36 @@ pub struct Relay {
     /// Raised by `freeze`: every connection, open or new, stops carrying bytes but stays
     /// open — a host that vanished without a reset.
     frozen: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Lowered by `stop_accepting`: the listener stays bound but nothing accepts (the
+    /// kernel's backlog fills, then connection attempts hang).
+    accepting: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Relay {
     pub async fn spawn(target: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::spawn_on("127.0.0.1:0".parse().unwrap(), target).await
+    }
+
+    /// A relay listening on `bind` (any loopback address: names in a test's hosts file
+    /// point at them).
+    pub async fn spawn_on(bind: SocketAddr, target: SocketAddr) -> Self {
+        let listener = TcpListener::bind(bind).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let relay = Relay {
             addr,
             up: Arc::default(),
             conns: Arc::default(),
             frozen: Arc::new(tokio::sync::watch::channel(false).0),
+            accepting: Arc::new(tokio::sync::watch::channel(true).0),
         };
         relay.up.store(true, Ordering::SeqCst);
         let r = relay.clone();
         tokio::spawn(async move {
+            let mut accepting = r.accepting.subscribe();
             loop {
+                if accepting.wait_for(|a| *a).await.is_err() {
+                    return;
+                }
                 let Ok((mut inbound, _)) = listener.accept().await else {
                     continue;
                 };
@@ -77,6 +91,13 @@ impl Relay {
     /// the other side sees silence, no reset.
     pub fn freeze(&self) {
         self.frozen.send_replace(true);
+    }
+
+    /// A host gone from the network: open connections go silent (as `freeze`) and new
+    /// ones are no longer accepted.
+    pub fn stop_accepting(&self) {
+        self.accepting.send_replace(false);
+        self.freeze();
     }
 
     /// Accepts connections again.
