@@ -294,6 +294,14 @@ async fn failover(failure: Failure, connect_timeout: Option<Duration>, naming: N
         )) && log.contains(&format!("store pool connections go to {standby_shown}")),
         "{failure:?}: the notification connection never reached the promoted standby\n{log}"
     );
+    let ready = TestClient::at(proxy.admin)
+        .send("GET", "/readyz", &[], "")
+        .await;
+    assert_eq!(
+        String::from_utf8_lossy(&ready.body),
+        format!("ready: store at {standby_shown}\n"),
+        "{failure:?}"
+    );
     assert!(
         settled.iter().any(|(_, _, at)| *at > promoted_at),
         "{failure:?}: no payment settled after the promotion"
