@@ -43,6 +43,7 @@ pub mod body;
 pub mod canonical;
 pub mod config;
 pub mod demo;
+pub mod dialect;
 pub mod fingerprint;
 pub mod http1;
 pub mod key;

@@ -177,6 +177,21 @@ pub struct FileWait {
     pub wait: HumanDuration,
 }
 
+/// `errors: problem`, `errors: stripe`, or `errors: { template: '…', content_type: … }`.
+pub type FileErrors = WordOr<FileErrorTemplate>;
+
+/// The template form of `errors`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileErrorTemplate {
+    pub template: String,
+    pub content_type: Option<String>,
+}
+
+impl Shape for FileErrorTemplate {
+    const EXPECTING: &'static str = "`problem`, `stripe`, or `{ template: '{\"error\": \"{code}\"}', content_type: application/json }`";
+}
+
 /// `key_from: { body: /idempotency_key }` — a key for clients that cannot send headers.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -300,6 +315,7 @@ macro_rules! policy_struct {
             pub on_ambiguous: Option<String>,
             pub ambiguous_statuses: Option<Vec<u16>>,
             pub takeover: Option<String>,
+            pub errors: Option<FileErrors>,
         }
     };
 }

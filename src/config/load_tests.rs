@@ -479,3 +479,33 @@ fn slow_failover_settings_are_warned_about() {
         "{warnings:?}"
     );
 }
+
+/// `errors` picks a dialect in `defaults` and per route; a template that cannot render
+/// JSON, or an unknown dialect, is refused with the key named.
+#[test]
+fn error_dialects_are_configured_and_checked() {
+    let c = load_str(
+        &format!(
+            "{UP}defaults:\n  errors: stripe\nroutes:\n  - name: a\n    path: /a\n  - name: b\n    path: /b\n    errors: problem\n  - name: c\n    path: /c\n    errors:\n      template: '{{\"errorCode\": \"{{code}}\", \"status\": {{status}}}}'\n      content_type: application/vnd.acme+json\n"
+        ),
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(c.errors.name(), "stripe");
+    let names: Vec<&str> = c
+        .routes
+        .routes()
+        .iter()
+        .map(|r| r.policy.errors.name())
+        .collect();
+    assert_eq!(names, ["stripe", "problem", "template"]);
+    let e = err(&format!(
+        "{UP}routes:\n  - name: c\n    path: /c\n    errors:\n      template: '{{\"errorCode\": {{code}}}}'\n"
+    ));
+    assert!(
+        e.contains("routes[0].errors.template") && e.contains("valid JSON"),
+        "{e}"
+    );
+    let e = err(&format!("{UP}defaults:\n  errors: graphql\n"));
+    assert!(e.contains("defaults.errors") && e.contains("stripe"), "{e}");
+}

@@ -96,6 +96,9 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Whether the route table was implied (no `routes:` in the file).
     pub implicit_routes: bool,
+    /// The shape of the proxy's own errors where no route applies (`defaults.errors`):
+    /// unrouted requests and heads refused before routing.
+    pub errors: crate::dialect::Dialect,
     /// What is valid but almost certainly not meant (a route an earlier one shadows):
     /// printed by `check-config`, logged at start.
     pub warnings: Vec<String>,

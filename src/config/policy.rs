@@ -75,6 +75,8 @@ pub struct Policy {
     pub ambiguous_statuses: Vec<u16>,
     /// What a retry of an unresolved key (lease run out, outcome unknown) does.
     pub takeover: Takeover,
+    /// The shape of the proxy's own error answers on this route.
+    pub errors: crate::dialect::Dialect,
 }
 
 /// The form of the key sent to the provider.

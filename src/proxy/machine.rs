@@ -244,7 +244,7 @@ pub(super) async fn conclude<S: KeyStore>(
             Ambiguous::Store => {
                 // The route treats this failure as the final answer: store the problem.
                 tracing::warn!(cause = %error_chain(&err), "upstream outcome unknown; storing the failure as the answer, as the route's policy says");
-                let (head, body) = err.into_response().into_parts();
+                let (head, body) = err.into_response_in(&policy.errors).into_parts();
                 let body = body
                     .collect()
                     .await

@@ -16,6 +16,7 @@ use super::state::{Proxy, error_chain};
 use crate::body::{BoxError, ProxyBody, boxed};
 use crate::config::Lookup;
 use crate::config::{EchoKey, Route};
+use crate::dialect::Dialect;
 use crate::http1::server::{Handler, HeadError, OptionalBody};
 use crate::metrics::KindLabel;
 use crate::otlp::{Kind, Trace};
@@ -36,7 +37,7 @@ impl<S: KeyStore> Handler for Proxy<S> {
     }
 
     fn refuse(&self, error: &HeadError) -> Response<ProxyBody> {
-        ProxyError::from(error).into_response()
+        ProxyError::from(error).into_response_in(&self.shared.config.errors)
     }
 }
 
@@ -71,8 +72,9 @@ impl<S: KeyStore> Proxy<S> {
         let mut uri = req.uri().clone();
         let mut marks = None;
         let mut trace = None;
+        let mut dialect = None;
         let (route, outcome, result) = self
-            .handle_inner(req, peer, &mut uri, &mut marks, &mut trace)
+            .handle_inner(req, peer, &mut uri, &mut marks, &mut trace, &mut dialect)
             .await;
         let status = match &result {
             Ok(resp) => resp.status(),
@@ -103,7 +105,7 @@ impl<S: KeyStore> Proxy<S> {
                     // find out why.
                     tracing::info!(%method, path = uri.path(), route = &*route, status = status.as_u16(), reason = %err, "request rejected");
                 }
-                err.into_response()
+                err.into_response_in(dialect.as_ref().unwrap_or(&self.shared.config.errors))
             }
         };
         if let Some(marks) = marks {
@@ -121,6 +123,7 @@ impl<S: KeyStore> Proxy<S> {
         log_uri: &mut Uri,
         marks: &mut Option<Marks>,
         trace: &mut Option<Trace>,
+        dialect: &mut Option<Dialect>,
     ) -> (
         Arc<str>,
         &'static str,
@@ -148,6 +151,7 @@ impl<S: KeyStore> Proxy<S> {
         *log_uri = uri.clone();
         *req.uri_mut() = uri;
         let policy = &route.policy;
+        *dialect = Some(policy.errors.clone());
         let sent = match parse_keys(req.headers(), &policy.key_headers) {
             Ok(Some(sent)) => Some(sent),
             // Looked for in the body once it is read.

@@ -146,7 +146,7 @@ pub(super) fn service<S: KeyStore>(
         let proxy = proxy.clone();
         async move {
             if let Some(refused) = malformed_h2(&req) {
-                return Ok(refused.into_response());
+                return Ok(refused.into_response_in(&proxy.config().errors));
             }
             Ok::<_, Infallible>(proxy.handle(req, peer).await)
         }

@@ -152,6 +152,7 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
     let base = merge_policy(&mut problems, "defaults", None, &defaults, store_timeout);
 
     let implicit_routes = file.routes.is_none();
+    let errors = base.as_ref().map(|b| b.errors.clone()).unwrap_or_default();
     let routes = match (&file.routes, &base) {
         (None, Some(base)) => vec![Route {
             name: "default".into(),
@@ -206,6 +207,7 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
                 routes: RouteTable::new(routes),
                 shutdown_grace,
                 implicit_routes,
+                errors,
                 warnings,
                 admin_token,
                 sweep_interval,

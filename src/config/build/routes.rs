@@ -181,5 +181,6 @@ fn route_policy(r: &FileRoute) -> FilePolicy {
         on_ambiguous: r.on_ambiguous.clone(),
         ambiguous_statuses: r.ambiguous_statuses.clone(),
         takeover: r.takeover.clone(),
+        errors: r.errors.clone(),
     }
 }

@@ -11,6 +11,7 @@ use http::{HeaderValue, Response, StatusCode, header};
 use serde::Serialize;
 
 use crate::body::{ProxyBody, full};
+use crate::dialect::{Dialect, Rendered, Said};
 use crate::fingerprint::BodyError;
 use crate::http1::server::{HeadError, MAX_HEADERS};
 
@@ -138,6 +139,12 @@ impl ProxyError {
             ProxyError::StoreUnavailable(_) => Some(1),
             _ => None,
         }
+    }
+
+    /// Whether the same request with the same key can have another outcome (README's
+    /// client contract: "retry with the same key"): Stripe's `Stripe-Should-Retry`.
+    pub fn retry_helps(&self) -> bool {
+        matches!(self.status().as_u16(), 408 | 409 | 500 | 502 | 503 | 504)
     }
 
     /// The problem document a client sees.
@@ -349,27 +356,60 @@ impl ProxyError {
 
     /// The full response, with `Retry-After` where a retry will help.
     pub fn into_response(self) -> Response<ProxyBody> {
-        let (status, problem) = self.document();
-        let body = serde_json::to_vec(&problem).unwrap_or_default();
-        let mut resp = Response::new(full(Bytes::from(body)));
-        *resp.status_mut() = status;
+        self.into_response_in(&Dialect::Problem)
+    }
+
+    /// The status and body of this answer in `dialect` (for `check-config`).
+    pub fn render_in(&self, dialect: &Dialect) -> (u16, Vec<u8>) {
+        let rendered = self.rendered(dialect);
+        (rendered.status.as_u16(), rendered.body)
+    }
+
+    /// This answer in `dialect`: status, content type, body, retry hint.
+    fn rendered(&self, dialect: &Dialect) -> Rendered {
+        let (status, slug, title, detail) = self.entry();
+        let kind = format!("{TYPE_PREFIX}{slug}");
+        dialect.render(&Said {
+            status,
+            kind: &kind,
+            code: slug,
+            title,
+            detail: &detail,
+            retry_after: self.retry_after(),
+            retry_helps: self.retry_helps(),
+        })
+    }
+
+    /// The answer in a route's dialect ([`crate::dialect`]): the same status (but where
+    /// the dialect's clients need another), `Retry-After` and `Cache-Control` in all.
+    pub fn into_response_in(self, dialect: &Dialect) -> Response<ProxyBody> {
+        let retry_after = self.retry_after();
+        let rendered = self.rendered(dialect);
+        let mut resp = Response::new(full(Bytes::from(rendered.body)));
+        *resp.status_mut() = rendered.status;
         let headers = resp.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        headers.insert(header::CONTENT_TYPE, rendered.content_type);
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        if let Some(seconds) = self.retry_after() {
+        if let Some(seconds) = retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if let Some(retry) = rendered.should_retry {
+            headers.insert(
+                STRIPE_SHOULD_RETRY,
+                HeaderValue::from_static(if retry { "true" } else { "false" }),
+            );
         }
         resp
     }
 }
 
+/// Stripe's hint to its SDKs on whether a retry can help.
+const STRIPE_SHOULD_RETRY: http::HeaderName = http::HeaderName::from_static("stripe-should-retry");
+
 fn retry_secs(d: Duration) -> u64 {
     d.as_secs_f64().ceil().max(1.0) as u64
 }
 
+mod examples;
 #[cfg(test)]
-#[path = "problem_tests.rs"]
 mod tests;

@@ -66,63 +66,62 @@ fn problem_json() {
 /// new one cannot ship undocumented.
 #[test]
 fn every_problem_type_is_documented() {
-    let readme = include_str!("../README.md");
-    let io = || Box::<dyn std::error::Error + Send + Sync>::from("x");
-    let all = [
-        ProxyError::MissingKey {
-            header: "k".into(),
-            body: None,
-        },
-        ProxyError::InvalidKey {
-            header: "k".into(),
-            reason: "x".into(),
-        },
-        ProxyError::KeyPlacement {
-            field: "/k".into(),
-            reason: "x".into(),
-        },
-        ProxyError::InvalidBodyKey {
-            field: "/k".into(),
-            reason: "x".into(),
-        },
-        ProxyError::MissingClientId {
-            what: "x".into(),
-            unauthorized: false,
-        },
-        ProxyError::InvalidPath(crate::path::PathError::NotAbsolute),
-        ProxyError::InvalidClientId { reason: "x".into() },
-        ProxyError::BodyTooLarge { limit: 1 },
-        ProxyError::BodyTimeout,
-        ProxyError::BodyRead(io()),
-        ProxyError::Body(BodyError::NotJson),
-        ProxyError::KeyReused,
-        ProxyError::InProgress {
-            retry_after: Duration::from_secs(1),
-        },
-        ProxyError::NotReplayable { status: 201 },
-        ProxyError::OutcomeUnknown,
-        ProxyError::StoreUnavailable(crate::store::StoreError::Timeout(Duration::from_secs(1))),
-        ProxyError::StoreUnavailable(crate::store::StoreError::Corrupt("x".into())),
-        ProxyError::UpstreamUnreachable(io()),
-        ProxyError::UpstreamFailed(io()),
-        ProxyError::UpstreamTimeout,
-        ProxyError::StoredAnswerUnreadable(crate::vault::Unreadable::MissingKey("k".into())),
-        ProxyError::ProbeInconclusive { status: None },
-        ProxyError::HeadTooLarge {
-            limit: 1,
-            fields: 1,
-        },
-        ProxyError::MalformedHead("x".into()),
-        ProxyError::UnsupportedCoding("gzip".into()),
-        ProxyError::UriTooLong(1),
-        ProxyError::MalformedH2("x".into()),
-        ProxyError::VersionNotSupported("HTTP/2.0".into()),
-        ProxyError::NotImplemented("CONNECT".into()),
-        ProxyError::Internal,
-    ];
+    let readme = include_str!("../../README.md");
+    let all = ProxyError::examples();
     for err in all {
         let problem = err.problem();
         let row = format!("| `{}` | {}", problem.kind, problem.status);
         assert!(readme.contains(&row), "README's Errors lacks {row}");
+    }
+}
+
+/// Every kind of answer renders as JSON in every dialect, in that dialect's shape, with
+/// the same status (but a reused key under Stripe's, `400`) and the same `Retry-After`.
+#[test]
+fn every_kind_renders_in_every_dialect() {
+    use crate::dialect::{Dialect, Template};
+    let template = Template::parse(
+        r#"{"errorCode": "{code}", "error": {"message": "{detail}", "status": {status}, "retryAfter": {retry_after}}}"#,
+        Some("application/vnd.acme+json"),
+    )
+    .unwrap();
+    let dialects = [
+        Dialect::Problem,
+        Dialect::Stripe,
+        Dialect::Template(std::sync::Arc::new(template)),
+    ];
+    for err in ProxyError::examples() {
+        let status = err.status();
+        let slug = err
+            .problem()
+            .kind
+            .trim_start_matches(TYPE_PREFIX)
+            .to_owned();
+        for dialect in &dialects {
+            let (code, body) = err.render_in(dialect);
+            let v: serde_json::Value = serde_json::from_slice(&body)
+                .unwrap_or_else(|e| panic!("{slug} in {}: {e}", dialect.name()));
+            match dialect {
+                Dialect::Problem => assert_eq!(v["status"], status.as_u16()),
+                Dialect::Stripe => {
+                    assert!(v["error"]["type"].is_string() && v["error"]["message"].is_string());
+                    let expected = if slug == "key-reused" {
+                        400
+                    } else {
+                        status.as_u16()
+                    };
+                    assert_eq!(code, expected, "{slug}");
+                }
+                Dialect::Template(_) => {
+                    assert_eq!(v["errorCode"], slug.as_str());
+                    assert_eq!(v["error"]["status"], status.as_u16());
+                    assert_eq!(
+                        v["error"]["retryAfter"].as_u64(),
+                        err.retry_after(),
+                        "{slug}"
+                    );
+                }
+            }
+        }
     }
 }
