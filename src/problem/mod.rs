@@ -1,4 +1,5 @@
-//! Every error the proxy answers itself, as `application/problem+json` (RFC 9457).
+//! Every error the proxy answers itself: RFC 9457 problem documents by default, or in a
+//! route's error dialect (`answer.rs`, [`crate::dialect`]).
 //!
 //! [`ProxyError`] is the request path's one error type; each variant is a client-visible
 //! outcome, mapped to a status and a [`Problem`] by one exhaustive `match`, so that a new
@@ -6,12 +7,9 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::StatusCode;
 use serde::Serialize;
 
-use crate::body::{ProxyBody, full};
-use crate::dialect::{Dialect, Rendered, Said};
 use crate::fingerprint::BodyError;
 use crate::http1::server::{HeadError, MAX_HEADERS};
 
@@ -353,63 +351,13 @@ impl ProxyError {
             ),
         }
     }
-
-    /// The full response, with `Retry-After` where a retry will help.
-    pub fn into_response(self) -> Response<ProxyBody> {
-        self.into_response_in(&Dialect::Problem)
-    }
-
-    /// The status and body of this answer in `dialect` (for `check-config`).
-    pub fn render_in(&self, dialect: &Dialect) -> (u16, Vec<u8>) {
-        let rendered = self.rendered(dialect);
-        (rendered.status.as_u16(), rendered.body)
-    }
-
-    /// This answer in `dialect`: status, content type, body, retry hint.
-    fn rendered(&self, dialect: &Dialect) -> Rendered {
-        let (status, slug, title, detail) = self.entry();
-        let kind = format!("{TYPE_PREFIX}{slug}");
-        dialect.render(&Said {
-            status,
-            kind: &kind,
-            code: slug,
-            title,
-            detail: &detail,
-            retry_after: self.retry_after(),
-            retry_helps: self.retry_helps(),
-        })
-    }
-
-    /// The answer in a route's dialect ([`crate::dialect`]): the same status (but where
-    /// the dialect's clients need another), `Retry-After` and `Cache-Control` in all.
-    pub fn into_response_in(self, dialect: &Dialect) -> Response<ProxyBody> {
-        let retry_after = self.retry_after();
-        let rendered = self.rendered(dialect);
-        let mut resp = Response::new(full(Bytes::from(rendered.body)));
-        *resp.status_mut() = rendered.status;
-        let headers = resp.headers_mut();
-        headers.insert(header::CONTENT_TYPE, rendered.content_type);
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        if let Some(seconds) = retry_after {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-        }
-        if let Some(retry) = rendered.should_retry {
-            headers.insert(
-                STRIPE_SHOULD_RETRY,
-                HeaderValue::from_static(if retry { "true" } else { "false" }),
-            );
-        }
-        resp
-    }
 }
-
-/// Stripe's hint to its SDKs on whether a retry can help.
-const STRIPE_SHOULD_RETRY: http::HeaderName = http::HeaderName::from_static("stripe-should-retry");
 
 fn retry_secs(d: Duration) -> u64 {
     d.as_secs_f64().ceil().max(1.0) as u64
 }
 
+mod answer;
 mod examples;
 #[cfg(test)]
 mod tests;

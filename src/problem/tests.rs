@@ -1,6 +1,7 @@
 //! Every outcome's status and problem document, pinned as the README documents them.
 
 use super::*;
+use http::header;
 
 /// Pin the status of every client-side outcome the README documents.
 #[test]
