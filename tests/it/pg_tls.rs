@@ -129,31 +129,7 @@ async fn a_certificate_that_does_not_verify_is_refused() {
     let wrong = cluster.url("postgres", "pay", "sslmode=verify-full");
     let extra = format!("    sslrootcert: \"{}\"\n", pki.path("other-ca.pem"));
     let upstream = Upstream::spawn(Behavior::default()).await;
-    let dir = TempDir::new("pg-tls-config");
-    let config = dir.join("config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen: 127.0.0.1:{}\nadmin_listen: 127.0.0.1:{}\n{}",
-            free_port(),
-            free_port(),
-            payments(&store_yaml(&wrong, &extra)).replace("{upstream}", &upstream.url())
-        ),
-    )
-    .unwrap();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_idemproxy"))
-        .arg("serve")
-        .arg("--config")
-        .arg(&config)
-        .env_remove("DATABASE_URL")
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(20), out)
-        .await
-        .expect("serve should refuse to start")
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_refuses(&payments(&store_yaml(&wrong, &extra)), &upstream).await;
     assert!(
         stderr.contains("127.0.0.1") && stderr.contains("certificate"),
         "{stderr}"
