@@ -202,5 +202,8 @@ pub fn load_store(path: Option<&Path>, overrides: &Overrides) -> Result<StoreCon
 }
 
 #[cfg(test)]
+#[path = "load_section_tests.rs"]
+mod section_tests;
+#[cfg(test)]
 #[path = "load_tests.rs"]
 mod tests;
