@@ -43,6 +43,7 @@ mod replicas;
 mod schema;
 mod sdk_stripe;
 mod server_threads;
+mod server_tuning;
 mod store_conformance;
 mod tls;
 mod tracing_otlp;

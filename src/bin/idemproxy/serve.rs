@@ -128,6 +128,7 @@ async fn open_store(config: &Config, run_migrations: bool) -> anyhow::Result<(An
                 (&store, &config.store)
             {
                 log_postgres_connection(config, pg, settings);
+                log_server_advice(pg).await;
             }
             match store.settle_key_form(form.marker()).await {
                 Ok(KeyFormAgreement::Agreed) => true,
@@ -219,6 +220,23 @@ fn log_postgres_connection(config: &Config, pg: &PgStore, settings: &config::Pos
         (None, true) => tracing::warn!(
             "the store's URL goes through a transaction pooler, which drops notifications: waiting duplicates fall back to a 1 s re-check; set store.postgres.listen_url to a direct connection"
         ),
+    }
+}
+
+/// The server settings far from what the key table's churn needs (autovacuum, WAL
+/// spacing, durable commits), one warning each; not a reason to refuse to start.
+async fn log_server_advice(pg: &PgStore) {
+    match pg.server_advice().await {
+        Ok(advice) => {
+            for line in &advice {
+                tracing::warn!(advice = %line, "a database server setting is far off");
+            }
+            tracing::info!(
+                far_off = advice.len(),
+                "database server settings checked (docs/stores.md, \"Tuning the server\")"
+            );
+        }
+        Err(e) => tracing::debug!(cause = %e, "could not read the database server's settings"),
     }
 }
 

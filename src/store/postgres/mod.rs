@@ -20,6 +20,7 @@ mod reseal;
 mod settings;
 mod sql;
 mod tls;
+mod tuning;
 mod unresolved;
 
 pub(super) use connect::ConnectError;
