@@ -2,7 +2,9 @@
 targets of issue 33 checked on them (a report: nothing here fails a build).
 
 Arguments: the proxy's per-minute JSON lines, the directory of pgbench's per-transaction
-logs (`-l`: client, transaction, latency in µs, script, epoch seconds, µs), concurrency.
+logs (`-l`: client, transaction, latency in µs, script, epoch seconds, µs), concurrency,
+and (optional) the database's counters before the first minute: each proxy minute carries
+them as of its end (`db`), and a second table shows what the server did in each minute.
 """
 import glob
 import json
@@ -10,6 +12,7 @@ import sys
 
 soak_path, log_dir, conc = sys.argv[1:4]
 proxy = [json.loads(line) for line in open(soak_path)]
+db_start = json.load(open(sys.argv[4])) if len(sys.argv) > 4 else None
 
 # pgbench: latencies per minute since its first transaction.
 by_minute = {}
@@ -61,3 +64,27 @@ if proxy:
     print(f"- minutes with p99 over 2x pgbench's for that minute: {over_pgbench or 'none'} (target: none)")
     print(f"- last minute's rate {last['rps']:.0f}/s = {100 * last['rps'] / max(first['rps'], 1):.0f} % of the first (target: at least 90 %)")
     print(f"- RSS {min(rss) / 1024:.1f}–{max(rss) / 1024:.1f} MiB over the run")
+
+
+# The database's side, per minute: what changed since the minute before.
+if proxy and db_start and all("db" in d for d in proxy):
+    print()
+    print("The server during the proxy's minutes (differences per minute; dead/live at the minute's end):\n")
+    print("| minute | checkpoints timed/requested | WAL MB | WAL KiB per request | updates HOT % | dead row versions | live rows | autovacuums | table MB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    before = db_start
+    for d in proxy:
+        now = d["db"]
+        requests = d["rps"] * 60
+        wal = now["wal_bytes"] - before["wal_bytes"]
+        upd = now["upd"] - before["upd"]
+        hot = now["hot"] - before["hot"]
+        print(
+            f"| {d['minute']} | {now['ckpt_timed'] - before['ckpt_timed']}/{now['ckpt_req'] - before['ckpt_req']} | "
+            f"{wal / 1048576:.0f} | {wal / 1024 / max(requests, 1):.1f} | {100 * hot / max(upd, 1):.0f} | "
+            f"{now['dead']} | {now['live']} | {now['autovacuums'] - before['autovacuums']} | {now['table_mb']} |"
+        )
+        before = now
+    print()
+    print(f"- server settings: {json.dumps(proxy[-1]['db'].get('settings'), sort_keys=True)}")
+    print(f"- the key table's storage parameters: {proxy[-1]['db'].get('reloptions')}")
