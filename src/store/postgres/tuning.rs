@@ -95,7 +95,8 @@ impl PgStore {
         .await
     }
 
-    /// [`advice`] on the server this store is connected to (for the start-up log).
+    /// What to change on the server this store is connected to, one sentence per setting
+    /// far off (for the start-up log; empty when nothing is).
     pub async fn server_advice(&self) -> Result<Vec<String>, StoreError> {
         Ok(advice(&self.server_settings().await?))
     }
