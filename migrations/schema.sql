@@ -1,4 +1,4 @@
--- The PostgreSQL schema as the last migration (0008) leaves it, in one place, for reading:
+-- The PostgreSQL schema as the last migration (0009) leaves it, in one place, for reading:
 -- the key table, its indexes, and the current PL/pgSQL functions. It is never applied —
 -- `idemproxy migrate` applies the numbered migrations beside it, which are the history
 -- (a function redefined in five of them is read here once). A test builds a schema from
@@ -167,14 +167,21 @@ $$;
 
 -- Group commit: several reservations, completions and releases in one round trip and one
 -- commit. The proxy collects the writes of concurrent requests and sends them here as
--- parallel arrays, one element per write, sorted by (client_id, key) so that two batches
--- running at once take their row locks in the same order and cannot deadlock.
+-- parallel arrays, one element per write, sorted by (client_id, key); new keys are
+-- inserted in that order, so two batches take those locks in the same order.
 --
--- Each write keeps its own outcome, one row per element (o_index, 1-based): a reservation
--- answers as idempotency_reserve() does; a completion or release answers `applied` (the
--- row still carried its lease token and was written) or `refused` (it was taken over or
--- evicted). A write that raises an error aborts the whole batch, which the proxy then
--- runs one write at a time, so that only that write fails.
+-- Set-based (0009): completions, releases and new keys each in one statement over the
+-- arrays (the executor starts once per batch, not once per write), planned as primary-key
+-- lookups whatever the table's size; what only the row can decide — keys that have a row,
+-- writes whose token is gone — one by one after them. The outcomes are those of one order
+-- of the batch's writes: completions and releases first.
+--
+-- Each write keeps its own outcome, one row per element (o_index, 1-based, rows in any
+-- order): a reservation answers as idempotency_reserve() does; a completion or release
+-- answers `applied` (the row still carried its lease token and was written) or `refused`
+-- (it was taken over or evicted). A write that raises an error aborts the whole batch,
+-- which the proxy then runs one write at a time, so that only that write fails (a
+-- deadlock with another batch, possible only around a takeover, ends the same way).
 CREATE FUNCTION idempotency_batch(
     p_op           text[],     -- reserve | complete | release
     p_client_id    text[],
@@ -206,11 +213,110 @@ CREATE FUNCTION idempotency_batch(
     o_expires_in_ms      bigint,
     o_derived_key        text,
     o_sealed_with        text
-) LANGUAGE plpgsql AS $$
+) LANGUAGE plpgsql
+  SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
+
 DECLARE
     n integer := coalesce(array_length(p_op, 1), 0);
+    answered boolean[] := array_fill(false, ARRAY[coalesce(array_length(p_op, 1), 0)]);
+    rec record;
 BEGIN
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+
+    -- Completions, in one statement: each applies only while its row still carries its
+    -- lease token.
+    FOR rec IN
+        UPDATE idempotency_keys k
+            SET status = 'done', locked_until = NULL, completed_at = now(),
+                expires_at = now() + c.retention_ms * interval '1 millisecond',
+                response_status = c.status, response_headers = c.headers,
+                response_body = c.body, replayable = c.replayable,
+                sealed_with = c.sealed_with
+           FROM unnest(p_op, p_client_id, p_key, p_token, p_retention_ms, p_status, p_headers, p_body, p_replayable, p_sealed_with, p_notify)
+                WITH ORDINALITY AS c(op, client_id, key, token, retention_ms, status, headers,
+                                     body, replayable, sealed_with, notify, i)
+          WHERE c.op = 'complete'
+            AND k.client_id = c.client_id AND k.key = c.key
+            AND k.lease_token = c.token AND k.status <> 'done'
+         RETURNING c.i, c.notify
+    LOOP
+        answered[rec.i] := true;
+        IF rec.notify IS NOT NULL THEN
+            PERFORM pg_notify('idemproxy_done', rec.notify);
+        END IF;
+        o_index := rec.i;
+        o_outcome := 'applied';
+        RETURN NEXT;
+    END LOOP;
+
+    -- Releases, in one statement, on the same condition.
+    FOR rec IN
+        DELETE FROM idempotency_keys k
+          USING unnest(p_op, p_client_id, p_key, p_token, p_notify)
+                WITH ORDINALITY AS c(op, client_id, key, token, notify, i)
+          WHERE c.op = 'release'
+            AND k.client_id = c.client_id AND k.key = c.key
+            AND k.lease_token = c.token AND k.status <> 'done'
+         RETURNING c.i, c.notify
+    LOOP
+        answered[rec.i] := true;
+        IF rec.notify IS NOT NULL THEN
+            PERFORM pg_notify('idemproxy_done', rec.notify);
+        END IF;
+        o_index := rec.i;
+        o_outcome := 'applied';
+        RETURN NEXT;
+    END LOOP;
+
+    -- New keys, in one statement: the first reservation of each key no row has yet,
+    -- inserted in key order (two batches lock the same keys in the same order).
+    FOR rec IN
+        WITH firsts AS (
+             SELECT DISTINCT ON (u.client_id, u.key) u.*
+               FROM unnest(p_op, p_client_id, p_key, p_fingerprint, p_route, p_lease_ms, p_retention_ms, p_derived_key)
+                    WITH ORDINALITY AS u(op, client_id, key, fingerprint, route, lease_ms,
+                                         retention_ms, derived_key, i)
+              WHERE u.op = 'reserve'
+                AND NOT EXISTS (SELECT 1 FROM idempotency_keys e
+                                 WHERE e.client_id = u.client_id AND e.key = u.key)
+              ORDER BY u.client_id, u.key, u.i
+         ), inserted AS (
+             INSERT INTO idempotency_keys AS k
+                 (client_id, key, route, fingerprint, lease_token, locked_until, expires_at,
+                  derived_key)
+             SELECT f.client_id, f.key, f.route, f.fingerprint,
+                    nextval('idempotency_lease_token_seq'),
+                    now() + f.lease_ms * interval '1 millisecond',
+                    now() + f.retention_ms * interval '1 millisecond', f.derived_key
+               FROM firsts f
+              ORDER BY f.client_id, f.key
+             ON CONFLICT (client_id, key) DO NOTHING
+             RETURNING k.client_id, k.key, k.lease_token, k.attempts, k.derived_key
+         )
+         SELECT f.i, ins.lease_token, ins.attempts, ins.derived_key
+           FROM inserted ins
+           JOIN firsts f ON f.client_id = ins.client_id AND f.key = ins.key
+    LOOP
+        answered[rec.i] := true;
+        o_index := rec.i;
+        o_outcome := 'reserved';
+        o_lease_token := rec.lease_token;
+        o_attempts := rec.attempts;
+        o_derived_key := rec.derived_key;
+        RETURN NEXT;
+    END LOOP;
+    o_lease_token := NULL;
+    o_attempts := NULL;
+    o_derived_key := NULL;
+
+    -- The rest one by one: reservations of keys that have a row (replays, keys in
+    -- progress, reuse with another request, takeovers; a duplicate within this batch sees
+    -- the row inserted above), and completions and releases that found their token gone.
     FOR i IN 1 .. n LOOP
+        CONTINUE WHEN answered[i];
         o_index := i;
         IF p_op[i] = 'reserve' THEN
             SELECT r.o_outcome, r.o_lease_token, r.o_attempts, r.o_lease_remaining_ms,
@@ -223,7 +329,8 @@ BEGIN
                                        p_lease_ms[i], p_retention_ms[i],
                                        coalesce(p_takeover[i], true), p_derived_key[i],
                                        coalesce(p_reads_sealed, false)) r;
-        ELSE
+        ELSIF p_op[i] IN ('complete', 'release') THEN
+            o_outcome := 'refused';
             o_lease_token := NULL;
             o_attempts := NULL;
             o_lease_remaining_ms := NULL;
@@ -234,30 +341,8 @@ BEGIN
             o_expires_in_ms := NULL;
             o_derived_key := NULL;
             o_sealed_with := NULL;
-            IF p_op[i] = 'complete' THEN
-                UPDATE idempotency_keys k
-                   SET status = 'done', locked_until = NULL, completed_at = now(),
-                       expires_at = now() + p_retention_ms[i] * interval '1 millisecond',
-                       response_status = p_status[i], response_headers = p_headers[i],
-                       response_body = p_body[i], replayable = p_replayable[i],
-                       sealed_with = p_sealed_with[i]
-                 WHERE k.client_id = p_client_id[i] AND k.key = p_key[i]
-                   AND k.lease_token = p_token[i] AND k.status = 'in_progress';
-            ELSIF p_op[i] = 'release' THEN
-                DELETE FROM idempotency_keys k
-                 WHERE k.client_id = p_client_id[i] AND k.key = p_key[i]
-                   AND k.lease_token = p_token[i] AND k.status = 'in_progress';
-            ELSE
-                RAISE EXCEPTION 'idempotency_batch: unknown operation %', p_op[i];
-            END IF;
-            IF FOUND THEN
-                o_outcome := 'applied';
-                IF p_notify[i] IS NOT NULL THEN
-                    PERFORM pg_notify('idemproxy_done', p_notify[i]);
-                END IF;
-            ELSE
-                o_outcome := 'refused';
-            END IF;
+        ELSE
+            RAISE EXCEPTION 'idempotency_batch: unknown operation %', p_op[i];
         END IF;
         RETURN NEXT;
     END LOOP;

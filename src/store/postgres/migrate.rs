@@ -75,6 +75,11 @@ pub const MIGRATIONS: &[Migration] = &[
         "key_form",
         include_str!("../../../migrations/0008_key_form.sql"),
     ),
+    plain(
+        9,
+        "set_based_batch",
+        include_str!("../../../migrations/0009_set_based_batch.sql"),
+    ),
 ];
 
 /// The schema version this binary needs: the last migration's.
