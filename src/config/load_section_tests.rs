@@ -1,16 +1,9 @@
 //! The configuration's sections checked one by one: reconciliation, key forms, the
 //! store's failover timeouts, error dialects — each mistake named by its key.
 
+use super::tests::{UP, err};
 use super::*;
 use crate::config::{DEFAULT_RECONCILE_BATCH, DEFAULT_RECONCILE_INTERVAL, Reconcile};
-
-const UP: &str = "upstream:\n  url: http://127.0.0.1:3000\n";
-
-fn err(text: &str) -> String {
-    load_str(text, &Overrides::default())
-        .unwrap_err()
-        .to_string()
-}
 
 /// The reconciler can only ask a recovery probe: turned on with none configured it is
 /// refused; with one it takes its defaults, and the printed configuration shows them.

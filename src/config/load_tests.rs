@@ -4,9 +4,11 @@
 use super::*;
 use crate::config::{ClientIdSource, OnConflict, StoreConfig};
 
-const UP: &str = "upstream:\n  url: http://127.0.0.1:3000\n";
+/// The smallest upstream section, for configurations that are about something else.
+pub(super) const UP: &str = "upstream:\n  url: http://127.0.0.1:3000\n";
 
-fn err(text: &str) -> String {
+/// The error a configuration is refused with.
+pub(super) fn err(text: &str) -> String {
     load_str(text, &Overrides::default())
         .unwrap_err()
         .to_string()
