@@ -3,9 +3,12 @@
 //!
 //! Why: a keyed request is two writes, and a database commits (and fsyncs) each write on
 //! its own. Under load most of the store's work is that per-transaction cost, not the
-//! rows. Here a write joins a queue; when fewer than `max_in_flight` batches are running,
-//! the writer starts one at once with whatever is queued (an idle proxy therefore sends at
-//! once: nothing waits for a timer), and while batches run the next one accumulates.
+//! rows. Here a write joins a queue; when no batch is running, the writer starts one at
+//! once with whatever is queued (an idle proxy therefore sends at once: nothing waits for
+//! a timer), and while a batch runs the next one accumulates. A second batch (up to
+//! `max_in_flight`) starts beside it only once a full batch's worth waits: two half
+//! batches cost the database nearly twice what one whole one does, so more batches at
+//! once pay only when one cannot take what arrives (measured in bench/RESULTS.md).
 //!
 //! A batch is not a transaction whose failure fails its neighbours: each member gets its
 //! own outcome, and a statement error in one member makes the store run the members one by
@@ -13,12 +16,17 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
 use super::types::*;
 use crate::fingerprint::Fingerprint;
+
+/// How long a batch runs before writes that queue behind it may start another beside it
+/// (where the store allows several): far longer than a batch takes under load (a few
+/// milliseconds), far shorter than the store timeout.
+const STALLED: Duration = Duration::from_millis(20);
 
 /// A write that can share a batch with others.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,12 +147,17 @@ pub(super) struct GroupCommit {
     max_batch: usize,
     /// Bound on one write, the wait in the queue included.
     timeout: Duration,
+    /// [`STALLED`], but for tests.
+    stalled: Duration,
 }
 
 #[derive(Default)]
 struct Queue {
     waiting: Vec<Member>,
     in_flight: usize,
+    /// When the latest batch started: a batch running far longer than usual (a lock wait
+    /// behind another replica, a connection that hangs) must not hold up every write.
+    latest_start: Option<Instant>,
 }
 
 struct Member {
@@ -159,7 +172,20 @@ impl GroupCommit {
             max_in_flight: max_in_flight.max(1),
             max_batch: max_batch.max(1),
             timeout,
+            stalled: STALLED,
         }
+    }
+
+    /// Whether a writer may start a batch now: when none runs, or when a place is free and
+    /// a full batch waits or the latest batch has run for longer than [`STALLED`].
+    /// Otherwise a running batch takes the queue when it ends.
+    fn may_start(&self, queue: &Queue) -> bool {
+        queue.in_flight == 0
+            || (queue.in_flight < self.max_in_flight
+                && (queue.waiting.len() >= self.max_batch
+                    || queue
+                        .latest_start
+                        .is_some_and(|t| t.elapsed() >= self.stalled)))
     }
 
     /// Writes waiting for a batch to take them (for the `pool_waiting` gauge).
@@ -179,9 +205,10 @@ impl GroupCommit {
     ) -> Result<Written, StoreError> {
         let alone = {
             let mut queue = self.lock();
-            let alone = queue.waiting.is_empty() && queue.in_flight < self.max_in_flight;
+            let alone = queue.waiting.is_empty() && self.may_start(&queue);
             if alone {
                 queue.in_flight += 1;
+                queue.latest_start = Some(Instant::now());
             }
             alone
         };
@@ -192,8 +219,9 @@ impl GroupCommit {
         let start = {
             let mut queue = self.lock();
             queue.waiting.push(Member { write, reply });
-            if queue.in_flight < self.max_in_flight {
+            if self.may_start(&queue) {
                 queue.in_flight += 1;
+                queue.latest_start = Some(Instant::now());
                 Some(self.take(&mut queue))
             } else {
                 None
@@ -255,6 +283,9 @@ impl GroupCommit {
     fn next_or_give_back(&self) -> Vec<Member> {
         let mut queue = self.lock();
         let batch = self.take(&mut queue);
+        if !batch.is_empty() {
+            queue.latest_start = Some(Instant::now());
+        }
         if batch.is_empty() {
             queue.in_flight = queue.in_flight.saturating_sub(1);
         }
@@ -346,3 +377,7 @@ pub(super) fn row_order(writes: &[Write]) -> Vec<usize> {
     order.sort_by(|&a, &b| writes[a].row().cmp(&writes[b].row()));
     order
 }
+
+#[cfg(test)]
+#[path = "group_commit_tests.rs"]
+mod tests;

@@ -214,7 +214,8 @@ const MAX_BATCH: usize = 64;
 /// commit) of its own; more than one on a large pool, whose database has the cores to run
 /// several. The rest of the pool serves replays' reads, renewals and the sweeper.
 /// Measured on 2 cores shared with the load: 1 or 2 batches at once 7.4–10k keyed req/s,
-/// 16 (every connection its own batch) 5.0k.
+/// 16 (every connection its own batch) 5.0k. The second and later ones start only once a
+/// full batch waits (see `group_commit`).
 fn batches_at_once(pool_size: usize) -> usize {
     (pool_size / 8).clamp(1, 4)
 }
