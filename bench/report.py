@@ -65,7 +65,14 @@ def ratio(a, b):
     """The median over rounds of a's rate over b's in the same round: the two ran minutes
     apart at most, so the machine's drift over a run (the demo provider slows as it keeps
     every charge, and a shared machine's speed wanders) cancels out."""
-    pairs = [x["rps"] / y["rps"] for x, y in zip(runs.get(a, []), runs.get(b, [])) if y["rps"]]
+    xs, ys = runs.get(a, []), runs.get(b, [])
+    if all("round" in r for r in xs + ys):
+        # Paired by round: a round whose baseline failed (bench/run goes on) has no ratio.
+        by_round = {y["round"]: y for y in ys}
+        pairs = [x["rps"] / by_round[x["round"]]["rps"] for x in xs
+                 if x["round"] in by_round and by_round[x["round"]]["rps"]]
+    else:
+        pairs = [x["rps"] / y["rps"] for x, y in zip(xs, ys) if y["rps"]]
     return f"{statistics.median(pairs):.2f}" if pairs else "–"
 
 
