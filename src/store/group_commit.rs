@@ -283,11 +283,10 @@ impl GroupCommit {
     fn next_or_give_back(&self) -> Vec<Member> {
         let mut queue = self.lock();
         let batch = self.take(&mut queue);
-        if !batch.is_empty() {
-            queue.latest_start = Some(Instant::now());
-        }
         if batch.is_empty() {
             queue.in_flight = queue.in_flight.saturating_sub(1);
+        } else {
+            queue.latest_start = Some(Instant::now());
         }
         batch
     }
