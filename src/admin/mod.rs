@@ -134,9 +134,7 @@ pub async fn handle<S: KeyStore + Reseal>(
         (&Method::GET, "/metrics") => {
             let metrics = proxy.metrics();
             if let Some(pool) = proxy.store().pool_status() {
-                metrics.pool_size.set(pool.size as i64);
-                metrics.pool_available.set(pool.available as i64);
-                metrics.pool_waiting.set(pool.waiting as i64);
+                metrics.observe_pool(pool);
             }
             if let Some(cache) = proxy.store().replay_cache() {
                 metrics.observe_replay_cache(cache);

@@ -77,6 +77,12 @@ pub struct Metrics {
     pub replay_cache_hits: Counter,
     /// The store's hit count at the last scrape (the counter moves by the difference).
     replay_cache_hits_seen: std::sync::atomic::AtomicU64,
+    /// Group commit: batches sent and the writes in them (their ratio is the mean batch).
+    pub store_batches: Counter,
+    pub store_batched_writes: Counter,
+    /// The store's counts at the last scrape.
+    store_batches_seen: std::sync::atomic::AtomicU64,
+    store_batched_writes_seen: std::sync::atomic::AtomicU64,
     /// The series of `requests` and `request_seconds` already used.
     request_series: RwLock<Vec<RequestSeries>>,
 }
@@ -138,6 +144,10 @@ impl Metrics {
             replay_cache_bytes: Gauge::default(),
             replay_cache_hits: Counter::default(),
             replay_cache_hits_seen: Default::default(),
+            store_batches: Counter::default(),
+            store_batched_writes: Counter::default(),
+            store_batches_seen: Default::default(),
+            store_batched_writes_seen: Default::default(),
             registry: Registry::default(),
         };
         let mut registry = Registry::with_prefix("idemproxy");
@@ -272,6 +282,16 @@ impl Metrics {
             "replay_cache_hits",
             "Replays answered from memory, without the store",
             self.replay_cache_hits.clone(),
+        );
+        registry.register(
+            "store_batches",
+            "Batches of writes sent to the store (group commit), each one commit",
+            self.store_batches.clone(),
+        );
+        registry.register(
+            "store_batched_writes",
+            "Writes (reservations, completions, releases) sent in those batches",
+            self.store_batched_writes.clone(),
         );
     }
 

@@ -57,6 +57,27 @@ impl Metrics {
             .inc_by(status.hits.saturating_sub(seen));
     }
 
+    /// Brings the pool's gauges and group commit's counters up to `pool` (read from the
+    /// store at a scrape).
+    pub fn observe_pool(&self, pool: crate::store::PoolStatus) {
+        use std::sync::atomic::Ordering;
+        self.pool_size
+            .set(i64::try_from(pool.size).unwrap_or(i64::MAX));
+        self.pool_available
+            .set(i64::try_from(pool.available).unwrap_or(i64::MAX));
+        self.pool_waiting
+            .set(i64::try_from(pool.waiting).unwrap_or(i64::MAX));
+        let seen = self
+            .store_batches_seen
+            .swap(pool.batches, Ordering::Relaxed);
+        self.store_batches.inc_by(pool.batches.saturating_sub(seen));
+        let seen = self
+            .store_batched_writes_seen
+            .swap(pool.batched_writes, Ordering::Relaxed);
+        self.store_batched_writes
+            .inc_by(pool.batched_writes.saturating_sub(seen));
+    }
+
     /// Sets the unresolved-keys gauge from a count of the store: `routes` (the
     /// configured ones) and every route shown before are reported, 0 where none is left.
     pub fn observe_unresolved(&self, routes: &[Arc<str>], counts: &[(String, u64)]) {

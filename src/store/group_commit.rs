@@ -15,6 +15,7 @@
 //! one (see the stores' `write_batch`), so only the bad one fails.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -149,6 +150,9 @@ pub(super) struct GroupCommit {
     timeout: Duration,
     /// [`STALLED`], but for tests.
     stalled: Duration,
+    /// Batches sent and the writes in them, since start (for metrics).
+    batches: AtomicU64,
+    batched_writes: AtomicU64,
 }
 
 #[derive(Default)]
@@ -173,7 +177,25 @@ impl GroupCommit {
             max_batch: max_batch.max(1),
             timeout,
             stalled: STALLED,
+            batches: AtomicU64::new(0),
+            batched_writes: AtomicU64::new(0),
         }
+    }
+
+    /// Batches sent since start.
+    pub(super) fn batches(&self) -> u64 {
+        self.batches.load(Ordering::Relaxed)
+    }
+
+    /// Writes sent in batches since start.
+    pub(super) fn batched_writes(&self) -> u64 {
+        self.batched_writes.load(Ordering::Relaxed)
+    }
+
+    fn count(&self, writes: usize) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.batched_writes
+            .fetch_add(u64::try_from(writes).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// Whether a writer may start a batch now: when none runs, or when a place is free and
@@ -258,6 +280,7 @@ impl GroupCommit {
         };
         // Boxed: a store's batch future is large, and inline it would size every caller's
         // future (most of which only wait in the queue) to it.
+        self.count(1);
         let result =
             tokio::time::timeout(self.timeout, Box::pin(store.write_batch(vec![write]))).await;
         place.hand_over();
@@ -304,6 +327,7 @@ impl GroupCommit {
             if !batch.is_empty() {
                 let (writes, replies): (Vec<_>, Vec<_>) =
                     batch.into_iter().map(|m| (m.write, m.reply)).unzip();
+                self.count(writes.len());
                 let results = store.write_batch(writes).await;
                 let mut results = results.into_iter();
                 for reply in replies {

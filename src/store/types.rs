@@ -140,12 +140,16 @@ pub(super) fn millis(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Connections open, idle, and callers waiting for one.
+/// Connections open, idle, and callers waiting for one; and group commit's batches and
+/// the writes they carried since start (their ratio is the mean batch size, which says
+/// whether writes share commits under the load at hand).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolStatus {
     pub size: usize,
     pub available: usize,
     pub waiting: usize,
+    pub batches: u64,
+    pub batched_writes: u64,
 }
 
 /// The replay cache's occupancy and use, for gauges.

@@ -142,6 +142,17 @@ async fn metrics_count_outcomes(db: Backend) {
         ),
         1.0
     );
+    // Group commit's counters: every reservation and the completion went in a batch.
+    let batches = sample(&samples, "idemproxy_store_batches_total");
+    let writes = sample(&samples, "idemproxy_store_batched_writes_total");
+    assert!(
+        writes >= 5.0,
+        "4 reservations and a completion, {writes} batched"
+    );
+    assert!(
+        (1.0..=writes).contains(&batches),
+        "{batches} batches for {writes} writes"
+    );
     proxy.stop().await;
 }
 
@@ -186,6 +197,8 @@ async fn metrics_exist_from_the_start(db: Backend) {
         "idemproxy_pool_connections",
         "idemproxy_pool_available",
         "idemproxy_pool_waiting",
+        "idemproxy_store_batches_total",
+        "idemproxy_store_batched_writes_total",
     ] {
         assert!(has(gauge).is_some(), "{gauge} on this store");
     }

@@ -376,6 +376,8 @@ impl KeyStore for EmbeddedStore {
             size: 1,
             available: self.inner.turn.available_permits().min(1),
             waiting: self.inner.group.waiting(),
+            batches: self.inner.group.batches(),
+            batched_writes: self.inner.group.batched_writes(),
         })
     }
 

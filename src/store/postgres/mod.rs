@@ -317,6 +317,8 @@ impl KeyStore for PgStore {
             size: s.size,
             available: s.available,
             waiting: s.waiting + self.waiting.load(Ordering::Relaxed) + self.group.waiting(),
+            batches: self.group.batches(),
+            batched_writes: self.group.batched_writes(),
         })
     }
 
