@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::group_commit::{Write, WriteBatch, Written};
 use super::types::*;
+use super::writes::{Write, WriteBatch, Written};
 use super::{EmbeddedStore, PgStore};
 use crate::config::StoreConfig;
 

@@ -16,13 +16,13 @@ mod replay_cache;
 mod reseal;
 mod types;
 mod waiters;
+mod writes;
 
 pub use any::AnyStore;
 pub use embedded::EmbeddedStore;
 pub use error::StoreError;
 pub use error::describe;
 pub use form_agreement::{KeyFormAgreement, SettleKeyForm};
-pub use group_commit::{Reserve, Write, WriteBatch, Written};
 pub use postgres::{MIGRATIONS, PgStore, Pool, migrate};
 pub use rehash::{RehashKeys, Rehashed};
 pub use replay_cache::ReplayCache;
@@ -32,6 +32,7 @@ pub use types::{
     PoolStatus, Reservation, ReserveRequest,
 };
 pub use waiters::Waiters;
+pub use writes::{Reserve, Write, WriteBatch, Written};
 
 pub use crate::key::{KeyId, key_id};
 pub use crate::stored::{Seal, StoredResponse};

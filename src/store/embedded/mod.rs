@@ -29,9 +29,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::Notify;
 
 use crate::store::Waiters;
-use crate::store::group_commit::{GroupCommit, Write, WriteBatch, Written};
+use crate::store::group_commit::GroupCommit;
 use crate::store::replay_cache::{ReplayCache, reserve_through};
 use crate::store::types::*;
+use crate::store::writes::{Write, WriteBatch, Written};
 use write::{RECORD_COLUMNS, record};
 
 /// SQLite-backed [`KeyStore`] for a single instance.

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use crate::store::group_commit::{Reserve, Write, Written};
 use crate::store::types::*;
+use crate::store::writes::{Reserve, Write, Written};
 
 /// Runs `writes` in one transaction: the outer error when the transaction could not be
 /// had or committed (nothing was written), otherwise each write's own outcome.

@@ -8,8 +8,8 @@ use tokio_postgres::types::Type;
 use super::Param;
 use super::PgStore;
 use super::sql::*;
-use crate::store::group_commit::{Write, WriteBatch, Written, row_order};
 use crate::store::types::*;
+use crate::store::writes::{Write, WriteBatch, Written, row_order};
 
 const BATCH: &str = "SELECT o_index, o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
      o_response_status, o_response_headers, o_response_body, o_replayable, o_expires_in_ms, \

@@ -38,9 +38,10 @@ use tokio_postgres::types::{ToSql, Type};
 
 use crate::config::PostgresConfig;
 use crate::store::Waiters;
-use crate::store::group_commit::{GroupCommit, Write};
+use crate::store::group_commit::GroupCommit;
 use crate::store::replay_cache::{ReplayCache, reserve_through};
 use crate::store::types::*;
+use crate::store::writes::Write;
 use connect::Connector;
 use listen::listen;
 use manager::PgManager;
