@@ -9,9 +9,12 @@
 --
 -- The primary key is the unique index that picks the winner among concurrent duplicates.
 -- `expires_at` is indexed for the sweep, and the keys in progress by lease end (0005).
+-- `client_id` and `key` are opaque bytes, compared and indexed in byte order (collation
+-- "C", 0010 and 0011): no query needs them in a language's order, and the database's
+-- default collation would compare them through strcoll on every index descent.
 CREATE TABLE idempotency_keys (
-    client_id        text        NOT NULL,
-    key              text        NOT NULL,
+    client_id        text        COLLATE "C" NOT NULL,
+    key              text        COLLATE "C" NOT NULL,
     route            text        NOT NULL,
     fingerprint      bytea       NOT NULL,
     status           text        NOT NULL DEFAULT 'in_progress'

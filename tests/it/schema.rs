@@ -12,8 +12,9 @@ async fn shape(db: &TestDb) -> Vec<String> {
         "SELECT format('table %s (%s)', c.relname, coalesce(array_to_string(c.reloptions, ','), '')) \
          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
          WHERE n.nspname = $1 AND c.relkind = 'r'",
-        "SELECT format('column %s.%s %s null=%s default=%s', table_name, column_name, data_type, \
-                       is_nullable, coalesce(column_default, '-')) \
+        "SELECT format('column %s.%s %s collate=%s null=%s default=%s', table_name, column_name, \
+                       data_type, coalesce(collation_name, '-'), is_nullable, \
+                       coalesce(column_default, '-')) \
          FROM information_schema.columns WHERE table_schema = $1",
         "SELECT format('constraint %s %s', c.conrelid::regclass, pg_get_constraintdef(c.oid)) \
          FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace WHERE n.nspname = $1",

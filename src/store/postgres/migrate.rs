@@ -80,6 +80,17 @@ pub const MIGRATIONS: &[Migration] = &[
         "set_based_batch",
         include_str!("../../../migrations/0009_set_based_batch.sql"),
     ),
+    Migration {
+        version: 10,
+        name: "byte_order_key_index",
+        sql: include_str!("../../../migrations/0010_byte_order_key_index.sql"),
+        concurrent_index: Some("idempotency_keys_key_c"),
+    },
+    plain(
+        11,
+        "byte_order_keys",
+        include_str!("../../../migrations/0011_byte_order_keys.sql"),
+    ),
 ];
 
 /// The schema version this binary needs: the last migration's.
