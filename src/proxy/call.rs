@@ -4,7 +4,9 @@
 //! What matters for idempotency is told apart here: nothing sent (the key can be
 //! released), an answer (stored), or an unknown outcome (the upstream may have acted).
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -13,11 +15,16 @@ use http_body_util::BodyExt;
 use tokio::time::{Instant, timeout_at};
 
 use super::headers::detach_headers;
+use super::job::Job;
+use super::lease::fence_for;
+use super::rewrite::set_key;
 use super::state::{Shared, error_chain};
-use crate::body::{BoxError, ProxyBody, empty};
+use crate::body::{BoxError, ProxyBody, empty, full};
 use crate::config::{Policy, RecoveryProbe};
+use crate::key::derived_key;
 use crate::metrics::{KindLabel, RouteLabel, RouteName};
 use crate::problem::ProxyError;
+use crate::store::{Fence, KeyStore, Lease};
 use crate::upstream::ForwardError;
 use crate::upstream::UpstreamBody;
 
@@ -67,6 +74,85 @@ pub(crate) enum Probe {
     NotFound,
     /// No usable answer: keep the key in progress and execute nothing.
     Inconclusive(ProxyError),
+}
+
+/// A reserved request made ready to send.
+pub(crate) struct Outgoing<'a> {
+    /// What ending the reservation is written under.
+    pub fence: Fence,
+    /// The exchange: the recovery probe first on a re-execution, then the call. Boxed, so
+    /// that the stage awaiting it holds a pointer, and the request's parts are gone from
+    /// the stage's state once it is sent.
+    pub work: Pin<Box<dyn Future<Output = Upstream> + Send + 'a>>,
+}
+
+/// Makes `job` ready to send under the reservation `lease`: the key headers taken out and
+/// the derived key put in (in the header, or in the body where the provider reads it).
+pub(crate) fn outgoing<'a, S: KeyStore>(
+    shared: &'a Shared<S>,
+    job: Job,
+    lease: &Lease,
+) -> Outgoing<'a> {
+    let route = Arc::clone(&job.route);
+    let policy = &route.policy;
+    // What the first attempt sent, as the row keeps it (a takeover after `derived_key:`
+    // was reconfigured still sends the same key).
+    let derived = lease
+        .derived_key
+        .clone()
+        .unwrap_or_else(|| derived_key(&job.client_id, job.clear_key()));
+    let derived_value = HeaderValue::from_str(&derived).ok();
+    // Only on routes whose provider reads the key in the body: what `protect` wrote there.
+    let written = || match &job.derived_key {
+        Some(form) => form.as_str().to_owned(),
+        None => derived_key(&job.client_id, job.clear_key()),
+    };
+    let mut body = job.body.clone();
+    if let Some(pointer) = &policy.upstream_key_body
+        && written() != derived
+    {
+        // `protect` wrote the key in this configuration's form; the row says otherwise.
+        let content_type = job.parts.headers.get(http::header::CONTENT_TYPE);
+        if let Ok(rewritten) = set_key(content_type.map(|v| v.as_bytes()), &body, pointer, &derived)
+        {
+            body = rewritten;
+        }
+    }
+    let fence = fence_for(
+        policy,
+        job.client_id.into_string(),
+        job.key.into_string(),
+        lease.token,
+    );
+    let mut parts = job.parts;
+    for name in &policy.key_headers {
+        parts.headers.remove(name);
+    }
+    // Unless the provider reads it in the body, where `protect` already wrote it.
+    if let (Some(value), None) = (&derived_value, &policy.upstream_key_body) {
+        parts
+            .headers
+            .insert(policy.upstream_key_header.clone(), value.clone());
+    }
+    let peer = job.peer;
+    let request = shared.forwarder.upstream_request(parts, full(body), peer);
+    // Only a re-execution asks the probe: the first attempt may have happened.
+    let takeover = lease.takeover;
+    let work = Box::pin(async move {
+        let policy = &route.policy;
+        if let Some(probe) = policy.recovery_probe.as_ref().filter(|_| takeover) {
+            match ask_probe(shared, probe, &derived, derived_value, policy, peer).await {
+                Probe::Found(answer) => {
+                    tracing::warn!(route = %route.name, "recovery probe found the operation; storing its answer instead of executing again");
+                    return answer;
+                }
+                Probe::NotFound => {}
+                Probe::Inconclusive(err) => return Upstream::Unknown(err),
+            }
+        }
+        call_upstream(shared, &route.name, request, policy.max_stored_response).await
+    });
+    Outgoing { fence, work }
 }
 
 /// Asks the upstream whether the operation carrying `derived` already happened.

@@ -88,7 +88,9 @@ impl<'a, S: KeyStore> Holder<'a, S> {
                 return std::future::pending().await;
             }
             sleep_until(self.due).await;
-            match self.store.renew(&self.fence, self.lease).await {
+            // Boxed: a renewal is rare (every third of a lease) and its store call carries
+            // the most state of anything the waiting request holds.
+            match Box::pin(self.store.renew(&self.fence, self.lease)).await {
                 Ok(Fenced::Applied) => self.due = Instant::now() + self.lease / 3,
                 Ok(Fenced::Refused) => {
                     tracing::warn!(

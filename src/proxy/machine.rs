@@ -10,24 +10,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderValue, Response, StatusCode};
+use http::{Response, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep, sleep_until};
 
-use super::call::{Probe, Upstream, ask_probe, call_upstream};
+use super::call::{Outgoing, Upstream, outgoing};
 pub(crate) use super::job::{Answer, Job, Outcome};
-use super::lease::{Finish, Holder, fence_for};
-use super::rewrite::set_key;
+use super::lease::{Finish, Holder};
 use super::state::{Shared, error_chain};
 use crate::body::{Prefixed, ProxyBody, boxed, full};
 use crate::config::{Ambiguous, OnConflict, Policy, Takeover};
-use crate::key::derived_key;
 use crate::metrics::Metrics;
 use crate::otlp::{Kind, Timer};
 use crate::problem::ProxyError;
 use crate::store::{
-    Completion, KeyStore, Lease, Reservation, ReserveRequest, StoreError, StoredResponse, key_id,
+    Completion, Fenced, KeyStore, Lease, Reservation, ReserveRequest, StoreError, StoredResponse,
+    key_id,
 };
 use crate::stored::{decode_stored, encode_stored};
 use crate::upstream::headers::client_head;
@@ -113,14 +112,18 @@ fn answer_unreserved(
 
 /// Forwards the reserved request (asking the recovery probe first on a re-execution),
 /// with the lease renewed meanwhile, then ends the reservation as the answer says.
-async fn execute<S: KeyStore>(
+///
+/// The request is made ready before the future starts: a future keeps room for its
+/// arguments (the whole [`Job`]) and for every local still in scope at an `.await`, so
+/// the headers, the body and the upstream's answer would otherwise take room for as long
+/// as the completion runs.
+fn execute<S: KeyStore>(
     shared: &Shared<S>,
     job: Job,
     lease: Lease,
     tx: oneshot::Sender<Answer>,
-) {
+) -> impl Future<Output = ()> + '_ {
     let route = Arc::clone(&job.route);
-    let policy = &route.policy;
     let trace = job.trace.clone();
     if lease.takeover {
         Metrics::count_route(&shared.metrics.takeovers, &route.name);
@@ -130,82 +133,25 @@ async fn execute<S: KeyStore>(
             "took over an expired lease; re-executing with the same derived key"
         );
     }
-    // What the first attempt sent, as the row keeps it (a takeover after `derived_key:`
-    // was reconfigured still sends the same key).
-    let derived = lease
-        .derived_key
-        .clone()
-        .unwrap_or_else(|| derived_key(&job.client_id, job.clear_key()));
-    let derived_value = HeaderValue::from_str(&derived).ok();
-    // Only on routes whose provider reads the key in the body: what `protect` wrote there.
-    let clear_key = job.clear_key();
-    let written = || match &job.derived_key {
-        Some(form) => form.as_str().to_owned(),
-        None => derived_key(&job.client_id, clear_key),
-    };
-    let mut body = job.body.clone();
-    if let Some(pointer) = &policy.upstream_key_body
-        && written() != derived
-    {
-        // `protect` wrote the key in this configuration's form; the row says otherwise.
-        let content_type = job.parts.headers.get(http::header::CONTENT_TYPE);
-        if let Ok(rewritten) = set_key(content_type.map(|v| v.as_bytes()), &body, pointer, &derived)
-        {
-            body = rewritten;
-        }
+    let Outgoing { fence, work } = outgoing(shared, job, &lease);
+    async move {
+        let policy = &route.policy;
+        let mut holder = Holder::new(shared.observed(&route.name), fence, policy.lease);
+        let timer = Timer::start(trace.as_ref());
+        let upstream = holder.during(work).await;
+        timer.end("upstream", Kind::Client, || {
+            let mut attributes = vec![("idemproxy.upstream", upstream.label().into())];
+            attributes.extend(
+                upstream
+                    .status()
+                    .map(|s| ("http.response.status_code", s.into())),
+            );
+            attributes
+        });
+        let timer = Timer::start(trace.as_ref());
+        conclude(&mut holder, policy, upstream, tx).await;
+        timer.end("complete", Kind::Internal, Vec::new);
     }
-    let fence = fence_for(
-        policy,
-        job.client_id.into_string(),
-        job.key.into_string(),
-        lease.token,
-    );
-    let mut parts = job.parts;
-    for name in &policy.key_headers {
-        parts.headers.remove(name);
-    }
-    // Unless the provider reads it in the body, where `protect` already wrote it.
-    if let (Some(value), None) = (&derived_value, &policy.upstream_key_body) {
-        parts
-            .headers
-            .insert(policy.upstream_key_header.clone(), value.clone());
-    }
-    let request = shared
-        .forwarder
-        .upstream_request(parts, full(body), job.peer);
-    // Only a re-execution asks the probe: the first attempt may have happened.
-    let probe = policy.recovery_probe.as_ref().filter(|_| lease.takeover);
-    let work = async {
-        if let Some(probe) = probe {
-            match ask_probe(shared, probe, &derived, derived_value, policy, job.peer).await {
-                Probe::Found(answer) => {
-                    tracing::warn!(route = %route.name, "recovery probe found the operation; storing its answer instead of executing again");
-                    return answer;
-                }
-                Probe::NotFound => {}
-                Probe::Inconclusive(err) => return Upstream::Unknown(err),
-            }
-        }
-        call_upstream(shared, &route.name, request, policy.max_stored_response).await
-    };
-    let store = shared.observed(&route.name);
-    let mut holder = Holder::new(store, fence, policy.lease);
-    // Boxed: the upstream exchange takes the most state of any stage, and what follows
-    // (waiting for a store connection to complete) may take a while.
-    let timer = Timer::start(trace.as_ref());
-    let upstream = holder.during(Box::pin(work)).await;
-    timer.end("upstream", Kind::Client, || {
-        let mut attributes = vec![("idemproxy.upstream", upstream.label().into())];
-        attributes.extend(
-            upstream
-                .status()
-                .map(|s| ("http.response.status_code", s.into())),
-        );
-        attributes
-    });
-    let timer = Timer::start(trace.as_ref());
-    conclude(&mut holder, policy, upstream, tx).await;
-    timer.end("complete", Kind::Internal, Vec::new);
 }
 
 /// Ends the reservation as the upstream's answer and the route's policy say — stored,
@@ -324,7 +270,11 @@ async fn end<S: KeyStore>(
 ) {
     let first = holder.attempt(finish).await;
     answer(tx, outcome, result);
-    holder.settle(finish, first).await;
+    // Boxed, and only when the first attempt did not do: retrying takes the most state of
+    // any ending, and almost every ending is done in one.
+    if !matches!(first, Ok(Fenced::Applied)) {
+        Box::pin(holder.settle(finish, first)).await;
+    }
 }
 
 /// Reserves the key; on a wait-mode route, a duplicate of a request in flight waits for it
