@@ -11,6 +11,10 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
+mod borrowed;
+
+pub use borrowed::canonical_strict;
+
 /// Parses JSON like `serde_json::from_slice`, but rejects an object that names a member
 /// twice. `{"amount":100,"amount":500}` means different things to different parsers (first
 /// wins, last wins); fingerprinting one reading while the upstream acts on the other could
@@ -87,15 +91,18 @@ impl<'de> Visitor<'de> for Strict {
         let mut members = Map::new();
         while let Some(name) = map.next_key::<String>()? {
             if members.contains_key(&name) {
-                return Err(de::Error::custom(format!(
-                    "member `{name}` appears twice in one object"
-                )));
+                return Err(duplicate_member(&name));
             }
             let value = map.next_value_seed(Strict)?;
             members.insert(name, value);
         }
         Ok(Value::Object(members))
     }
+}
+
+/// The refusal of an object that names `name` twice.
+fn duplicate_member<E: de::Error>(name: &str) -> E {
+    E::custom(format!("member `{name}` appears twice in one object"))
 }
 
 /// Appends the canonical form of `value` to `out`.

@@ -111,10 +111,8 @@ pub fn fingerprint(req: &Request<'_>) -> Result<Fingerprint, BodyError> {
     }
     match kind {
         BodyKind::Json if !req.body.is_empty() => {
-            let value: serde_json::Value = crate::canonical::parse_strict(req.body)
+            let canon = crate::canonical::canonical_strict(req.body)
                 .map_err(|e| BodyError::InvalidJson(e.to_string()))?;
-            let mut canon = Vec::with_capacity(req.body.len());
-            write_canonical(&value, &mut canon);
             put(&mut h, b"json");
             put(&mut h, &canon);
         }
