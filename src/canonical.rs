@@ -100,6 +100,12 @@ impl<'de> Visitor<'de> for Strict {
     }
 }
 
+/// The order of an object's members: JCS sorts them by the UTF-16 code units of their
+/// names, not by their UTF-8 bytes (RFC 8785 §3.2.3).
+fn member_order(a: &str, b: &str) -> std::cmp::Ordering {
+    a.encode_utf16().cmp(b.encode_utf16())
+}
+
 /// The refusal of an object that names `name` twice.
 fn duplicate_member<E: de::Error>(name: &str) -> E {
     E::custom(format!("member `{name}` appears twice in one object"))
@@ -124,9 +130,8 @@ pub fn write_canonical(value: &Value, out: &mut Vec<u8>) {
             out.push(b']');
         }
         Value::Object(map) => {
-            // JCS orders members by the UTF-16 code units of their names.
             let mut members: Vec<(&String, &Value)> = map.iter().collect();
-            members.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+            members.sort_by(|a, b| member_order(a.0, b.0));
             out.push(b'{');
             for (i, (name, item)) in members.into_iter().enumerate() {
                 if i > 0 {

@@ -14,7 +14,7 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Number;
 
-use super::{duplicate_member, write_number, write_string};
+use super::{duplicate_member, member_order, write_number, write_string};
 
 /// Objects up to this many members are checked for a repeated name by scanning them; a
 /// larger one keeps a set of its names, so that a large body cannot cost quadratic time.
@@ -181,8 +181,8 @@ fn write_node(node: &mut Node<'_>, out: &mut Vec<u8>) {
             out.push(b']');
         }
         Node::Object(members) => {
-            // JCS orders members by the UTF-16 code units of their names (no two are equal).
-            members.sort_unstable_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+            // No two names are equal, so an unstable sort is as good.
+            members.sort_unstable_by(|a, b| member_order(&a.0, &b.0));
             out.push(b'{');
             for (i, (name, item)) in members.iter_mut().enumerate() {
                 if i > 0 {
