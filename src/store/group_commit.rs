@@ -141,7 +141,7 @@ impl GroupCommit {
         if let Some(batch) = start {
             // A task of its own: the batch answers every member even when the caller that
             // started it goes away (its client disconnected).
-            tokio::spawn(Arc::clone(self).drive(store.clone(), batch));
+            self.start(store, batch);
         }
         match tokio::time::timeout(self.timeout, answer).await {
             Ok(Ok(result)) => result,
@@ -209,6 +209,15 @@ impl GroupCommit {
         queue.in_flight = queue.in_flight.saturating_sub(1);
     }
 
+    /// Runs `batch` and what queues after it in a task of the store's choosing, which holds
+    /// the place its caller took. Without a runtime (the process is ending) the place is
+    /// given back: the members' callers are gone too.
+    fn start<S: WriteBatch>(self: &Arc<Self>, store: &S, batch: Vec<Member>) {
+        if !store.start_batches(Arc::clone(self).drive(store.clone(), batch)) {
+            self.give_back();
+        }
+    }
+
     /// Runs batches until the queue is empty, then gives up its place.
     async fn drive<S: WriteBatch>(self: Arc<Self>, store: S, mut batch: Vec<Member>) {
         let mut running = Running(Some(&self));
@@ -255,13 +264,7 @@ impl<S: WriteBatch> Place<'_, S> {
         if batch.is_empty() {
             return;
         }
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(Arc::clone(self.group).drive(self.store.clone(), batch));
-            }
-            // No runtime (the process is ending): the members' callers are gone too.
-            Err(_) => self.group.give_back(),
-        }
+        self.group.start(self.store, batch);
     }
 }
 

@@ -116,6 +116,26 @@ pub trait WriteBatch: Clone + Send + Sync + 'static {
         &self,
         writes: Vec<Write>,
     ) -> impl Future<Output = Vec<Result<Written, StoreError>>> + Send;
+
+    /// Starts a task that runs batches: on the caller's runtime unless the store keeps
+    /// its batches elsewhere. False when there is no runtime to start it on (the process
+    /// is ending).
+    fn start_batches<F>(&self, task: F) -> bool
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        on_this_runtime(task)
+    }
+}
+
+/// Starts `task` on the caller's runtime; false when there is none.
+pub(super) fn on_this_runtime<F>(task: F) -> bool
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    tokio::runtime::Handle::try_current()
+        .map(|runtime| drop(runtime.spawn(task)))
+        .is_ok()
 }
 
 /// The order a batch is sent in: by row, members of one row in the order they came.

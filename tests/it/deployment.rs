@@ -352,7 +352,7 @@ on_both_stores!(
 async fn test_schemas_are_dropped_and_pools_small() {
     let db = TestDb::new().await;
     let schema = db.schema.clone();
-    assert_eq!(db.store().pool().status().max_size, TEST_POOL_SIZE);
+    assert_eq!(db.store().max_connections(), TEST_POOL_SIZE);
     assert!(pg_store_yaml(&db.url).contains(&format!("pool_size: {TEST_POOL_SIZE}")));
     let other = TestDb::new().await;
     drop(db);

@@ -384,3 +384,51 @@ async fn writes_queued_behind_an_abandoned_lone_write_are_answered() {
         );
     }
 }
+
+/// On PostgreSQL, batches run on the store's own thread, on connections of their own (so
+/// that the next batch goes out as soon as the last one is answered), while calls from a
+/// request's task keep to the others; both lanes together keep to `pool_size`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_batches_run_on_a_thread_and_connections_of_their_own() {
+    let db = TestDb::new().await;
+    let store = db.store();
+    assert_eq!(store.max_connections(), TEST_POOL_SIZE);
+    assert_eq!(store.pool().status().max_size, TEST_POOL_SIZE - 1);
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..64 {
+        let store = store.clone();
+        tasks.spawn(async move {
+            let key = format!("lane-{n}");
+            let request = idemproxy::store::ReserveRequest {
+                client_id: "client",
+                key: &key,
+                fingerprint: &FP,
+                route: "route",
+                lease: LONG,
+                retention: DAY,
+                takeover: true,
+                derived_key: None,
+            };
+            matches!(store.reserve(&request).await, Ok(Reservation::Reserved(_)))
+        });
+    }
+    while let Some(reserved) = tasks.join_next().await {
+        assert!(reserved.unwrap(), "every new key is reserved");
+    }
+    let status = store.pool_status().unwrap();
+    assert!(status.batches > 0, "the writes were batched");
+    assert!(status.size <= TEST_POOL_SIZE, "{} connections", status.size);
+    let threads: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_owned())
+        .collect();
+    assert!(
+        threads.iter().any(|name| name == "idemproxy-store"),
+        "no store thread among {threads:?}"
+    );
+    assert!(
+        store.pool().status().size < status.size,
+        "the batches used connections of their own"
+    );
+}

@@ -9,7 +9,7 @@ use super::Param;
 use super::PgStore;
 use super::sql::*;
 use crate::store::types::*;
-use crate::store::writes::{Write, WriteBatch, Written, row_order};
+use crate::store::writes::{Write, WriteBatch, Written, on_this_runtime, row_order};
 
 const BATCH: &str = "SELECT o_index, o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
      o_response_status, o_response_headers, o_response_body, o_replayable, o_expires_in_ms, \
@@ -43,6 +43,19 @@ impl WriteBatch for PgStore {
                 results
             }
         }
+    }
+
+    /// On the store's thread, beside their connections, when they have their own lane
+    /// (see [`super::lanes`]).
+    fn start_batches<F>(&self, task: F) -> bool
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        if self.lanes.batches_apart() {
+            super::io_thread::spawn(task);
+            return true;
+        }
+        on_this_runtime(task)
     }
 }
 

@@ -8,6 +8,7 @@ use std::sync::{Arc, PoisonError};
 
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::lanes::Lane;
 use super::{Object, PgStore, Pool};
 use crate::store::types::*;
 
@@ -19,20 +20,25 @@ impl PgStore {
     /// semaphore, each holds a small future; queued inside deadpool's `get`, each would hold
     /// that future's room for opening and recycling a connection (about 3 KiB).
     /// [`PgStore::with_client`] boxes what follows the turn, so a waiting call stays small.
-    async fn turn(&self) -> Result<OwnedSemaphorePermit, StoreError> {
+    async fn turn(&self, lane: &Lane) -> Result<OwnedSemaphorePermit, StoreError> {
         let _waiting = Waiting::enter(&self.waiting);
-        Arc::clone(&self.turns)
+        Arc::clone(&lane.turns)
             .acquire_owned()
             .await
             .map_err(|_| StoreError::Config("the store is closed".into()))
     }
 
-    /// The pool, for migrations and gauges.
+    /// The pool of calls from requests' tasks, for migrations and tests.
     pub fn pool(&self) -> &Pool {
-        &self.pool
+        &self.lanes.calls.pool
     }
 
-    /// Runs `call` on a pooled connection: after a turn (see [`PgStore::turn`]), with
+    /// The most connections this store opens at once: `pool_size`, over both lanes.
+    pub fn max_connections(&self) -> usize {
+        self.lanes.pools().map(|pool| pool.status().max_size).sum()
+    }
+
+    /// Runs `call` on a pooled connection of the caller's lane (see [`super::lanes`]): after a turn (see [`PgStore::turn`]), with
     /// what follows the turn boxed, all of it bounded by the store timeout.
     pub(super) async fn with_client<T, Fut>(
         &self,
@@ -45,10 +51,11 @@ impl PgStore {
         // run, or its server may have stopped answering (a frozen primary), and the next
         // call on it would only wait behind the first.
         let spoiler = std::sync::Mutex::new(None);
+        let lane = self.lanes.here();
         let turn_then_call = async {
-            let _turn = self.turn().await?;
+            let _turn = self.turn(lane).await?;
             Box::pin(async {
-                let client = self.pool.get().await.map_err(|cause| StoreError::Connect {
+                let client = lane.pool.get().await.map_err(|cause| StoreError::Connect {
                     target: Arc::clone(&self.target),
                     cause,
                 })?;
@@ -76,7 +83,9 @@ impl PgStore {
             // The server went read-only (a demoted primary, a standby) or away: every
             // idle connection to it is as stale as this one. New ones find the primary
             // (`target_session_attrs=read-write`) instead of failing one call each.
-            let dropped = self.pool.retain(|_, _| false).removed.len();
+            let dropped: usize = (self.lanes.pools())
+                .map(|pool| pool.retain(|_, _| false).removed.len())
+                .sum();
             tracing::warn!(cause = %e, dropped, "store connection unusable; idle connections dropped, new ones will be made");
         }
         result

@@ -28,6 +28,9 @@ const IDLE_CHECK_AFTER: Duration = Duration::from_secs(15);
 pub struct PgManager {
     connector: Arc<Connector>,
     attempts: Arc<Attempts>,
+    /// Whether its connections are opened (and so driven) on the store's thread, for
+    /// group commit's batches (see [`super::io_thread`]), or on the runtime that asks.
+    on_store_thread: bool,
 }
 
 /// Attempts in flight, and the connections made after their caller gave up.
@@ -41,9 +44,10 @@ struct Attempts {
 }
 
 impl PgManager {
-    pub fn new(connector: Connector, pool_size: usize) -> Self {
+    pub fn new(connector: Arc<Connector>, pool_size: usize, on_store_thread: bool) -> Self {
         Self {
-            connector: Arc::new(connector),
+            on_store_thread,
+            connector,
             attempts: Arc::new(Attempts {
                 slots: Arc::new(Semaphore::new(pool_size.max(1))),
                 spare: Mutex::default(),
@@ -71,7 +75,7 @@ impl PgManager {
                 let (tx, rx) = oneshot::channel();
                 let (connector, attempts) =
                     (Arc::clone(&self.connector), Arc::clone(&self.attempts));
-                tokio::spawn(async move {
+                let attempt = async move {
                     let made = connector.connect().await;
                     if let Err(Ok(conn)) = tx.send(made) {
                         // The caller gave up meanwhile: the next call's.
@@ -83,7 +87,13 @@ impl PgManager {
                     }
                     drop(slot);
                     attempts.ended.notify_waiters();
-                });
+                };
+                // A connection is driven on the runtime it is opened on.
+                if self.on_store_thread {
+                    super::io_thread::spawn(attempt);
+                } else {
+                    tokio::spawn(attempt);
+                }
                 return rx.await.unwrap_or_else(|_| {
                     Err(ConnectError {
                         attempts: Vec::new(),

@@ -12,6 +12,8 @@ mod call;
 mod conn;
 mod connect;
 mod form_agreement;
+mod io_thread;
+mod lanes;
 mod listen;
 mod manager;
 mod migrate;
@@ -31,9 +33,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use deadpool::Runtime;
-use deadpool::managed::{Hook, HookError, Timeouts};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 use tokio_postgres::types::{ToSql, Type};
 
 use crate::config::PostgresConfig;
@@ -43,6 +43,7 @@ use crate::store::replay_cache::{ReplayCache, reserve_through};
 use crate::store::types::*;
 use crate::store::writes::Write;
 use connect::Connector;
+use lanes::Lanes;
 use listen::listen;
 use manager::PgManager;
 use settings::connection_config;
@@ -57,8 +58,9 @@ type Object = deadpool::managed::Object<PgManager>;
 /// PostgreSQL-backed [`KeyStore`].
 #[derive(Clone)]
 pub struct PgStore {
-    /// Connections are checked out per call; the pool bounds concurrency towards the database.
-    pool: Pool,
+    /// Connections are checked out per call, from the lane of where the caller runs; the
+    /// pools bound concurrency towards the database.
+    lanes: Arc<Lanes>,
     /// Bound on one call (pool wait included).
     timeout: Duration,
     /// Duplicates waiting in this process, woken from the `LISTEN` connection.
@@ -73,8 +75,6 @@ pub struct PgStore {
     target: Arc<str>,
     /// Whether the `LISTEN` task was started (lazily: only wait-mode routes need it).
     listening: Arc<OnceLock<()>>,
-    /// One turn per pooled connection; see [`PgStore::turn`].
-    turns: Arc<Semaphore>,
     /// Calls waiting for a turn, for the `pool_waiting` gauge.
     waiting: Arc<AtomicUsize>,
     /// Reservations, completions and releases waiting to share a batch.
@@ -105,33 +105,14 @@ impl PgStore {
             config.connect_timeout,
             config.timeout,
         );
-        let manager = PgManager::new(connector, config.pool_size);
-        let pool = Pool::builder(manager)
-            .max_size(config.pool_size)
-            .runtime(Runtime::Tokio1)
-            // Connecting is bounded by the store timeout of the call that needs it, and
-            // each host by the connect timeout: a pool-level bound on the whole connect
-            // would spend it all on a dead first host and never reach the next one.
-            .timeouts(Timeouts {
-                wait: Some(config.timeout),
-                create: None,
-                recycle: Some(config.timeout),
-            })
-            // Connections are renewed now and then, so that a name that moved (a managed
-            // failover changes what the host name points at) is followed.
-            .pre_recycle(Hook::sync_fn(|_, metrics| {
-                if metrics.age() > MAX_CONNECTION_LIFETIME {
-                    Err(HookError::message(
-                        "connection reached its maximum lifetime",
-                    ))
-                } else {
-                    Ok(())
-                }
-            }))
-            .build()
-            .map_err(|e| StoreError::Config(format!("pool: {e}")))?;
+        let lanes = Lanes::new(config, connector, batches_at_once(config.pool_size))?;
         Ok(Self {
-            pool,
+            group: Arc::new(GroupCommit::new(
+                batches_at_once(config.pool_size),
+                MAX_BATCH,
+                config.timeout,
+            )),
+            lanes: Arc::new(lanes),
             timeout: config.timeout,
             waiters: Arc::default(),
             listen_hosts: Arc::new(listen_hosts),
@@ -139,13 +120,7 @@ impl PgStore {
             tls,
             target: config.target().into(),
             listening: Arc::default(),
-            turns: Arc::new(Semaphore::new(config.pool_size)),
             waiting: Arc::default(),
-            group: Arc::new(GroupCommit::new(
-                batches_at_once(config.pool_size),
-                MAX_BATCH,
-                config.timeout,
-            )),
             // Not live until the `LISTEN` connection is: evictions must be heard first.
             cache: (config.replay_cache > 0).then(|| {
                 Arc::new(ReplayCache::new(
@@ -187,7 +162,7 @@ impl PgStore {
     /// The host and address connections go to now (`host:port (address)`), once one was
     /// made: for the start-up log and `/readyz`.
     pub fn connected_to(&self) -> Option<String> {
-        self.pool.manager().connector().in_use()
+        self.lanes.connector().in_use()
     }
 
     /// Whether a connection so far used TLS (for the start-up log).
@@ -198,7 +173,7 @@ impl PgStore {
     /// Whether the connections so far went through a transaction pooler (for the
     /// start-up log: notifications do not pass one).
     pub fn behind_pooler(&self) -> bool {
-        self.pool.manager().connector().behind_pooler()
+        self.lanes.connector().behind_pooler()
     }
 }
 
@@ -222,7 +197,7 @@ fn batches_at_once(pool_size: usize) -> usize {
 }
 
 /// How long a pooled connection is used before it is replaced.
-const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(30 * 60);
+pub(super) const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(30 * 60);
 
 impl KeyStore for PgStore {
     async fn reserve(&self, req: &ReserveRequest<'_>) -> Result<Reservation, StoreError> {
@@ -313,11 +288,16 @@ impl KeyStore for PgStore {
     }
 
     fn pool_status(&self) -> Option<PoolStatus> {
-        let s = self.pool.status();
+        let (size, available, waiting) = self.lanes.pools().map(Pool::status).fold(
+            (0, 0, 0),
+            |(size, available, waiting), s| {
+                (size + s.size, available + s.available, waiting + s.waiting)
+            },
+        );
         Some(PoolStatus {
-            size: s.size,
-            available: s.available,
-            waiting: s.waiting + self.waiting.load(Ordering::Relaxed) + self.group.waiting(),
+            size,
+            available,
+            waiting: waiting + self.waiting.load(Ordering::Relaxed) + self.group.waiting(),
             batches: self.group.batches(),
             batched_writes: self.group.batched_writes(),
         })
