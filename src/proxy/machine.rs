@@ -68,7 +68,13 @@ fn answer_unreserved(
     reservation: Result<Reservation, StoreError>,
     job: &Job,
 ) {
-    let (outcome, result) = match reservation {
+    let (outcome, result) = unreserved(reservation, job);
+    answer(tx, outcome, result);
+}
+
+/// What a request whose key was not reserved is answered.
+pub(crate) fn unreserved(reservation: Result<Reservation, StoreError>, job: &Job) -> Answer {
+    match reservation {
         Ok(Reservation::Done(stored)) => {
             let timer = Timer::start(job.trace.as_ref());
             let answer = replay(stored);
@@ -106,8 +112,7 @@ fn answer_unreserved(
         // Unreachable by construction (the caller took it), but a request must still end.
         Ok(Reservation::Reserved(_)) => (Outcome::Failed, Err(ProxyError::Internal)),
         Err(e) => (Outcome::StoreError, Err(ProxyError::StoreUnavailable(e))),
-    };
-    answer(tx, outcome, result);
+    }
 }
 
 /// Forwards the reserved request (asking the recovery probe first on a re-execution),
@@ -282,16 +287,7 @@ async fn end<S: KeyStore>(
 async fn reserve<S: KeyStore>(shared: &Shared<S>, job: &Job) -> Result<Reservation, StoreError> {
     let policy = &job.route.policy;
     let store = shared.observed(&job.route.name);
-    let request = ReserveRequest {
-        client_id: &job.client_id,
-        key: &job.key,
-        fingerprint: &job.fingerprint,
-        route: &job.route.name,
-        lease: policy.lease,
-        retention: policy.retention,
-        takeover: policy.takeover == Takeover::Execute,
-        derived_key: job.derived_key.as_deref(),
-    };
+    let request = reserve_request(job);
     let first = store.reserve(&request, job.clear_key()).await;
     let OnConflict::Wait(limit) = policy.on_conflict else {
         return first;
@@ -315,6 +311,21 @@ async fn reserve<S: KeyStore>(shared: &Shared<S>, job: &Job) -> Result<Reservati
             () = sleep(WAIT_FALLBACK_TICK) => {}
             () = sleep_until(deadline) => {}
         }
+    }
+}
+
+/// What reserving `job`'s key asks the store.
+pub(crate) fn reserve_request(job: &Job) -> ReserveRequest<'_> {
+    let policy = &job.route.policy;
+    ReserveRequest {
+        client_id: &job.client_id,
+        key: &job.key,
+        fingerprint: &job.fingerprint,
+        route: &job.route.name,
+        lease: policy.lease,
+        retention: policy.retention,
+        takeover: policy.takeover == Takeover::Execute,
+        derived_key: job.derived_key.as_deref(),
     }
 }
 

@@ -76,6 +76,20 @@ impl<S: KeyStore> Observed<'_, S> {
         }
     }
 
+    /// What [`Observed::reserve`] would answer from the replay cache alone (see
+    /// `KeyStore::cached`), timed and opened the same way; `None` while keyed requests are
+    /// held back, so that the store call says why.
+    pub fn cached(&self, req: &ReserveRequest<'_>, clear_key: &str) -> Option<Reservation> {
+        self.hold.check().ok()?;
+        let started = Instant::now();
+        let hit = self.store.cached(req)?;
+        self.record("reserve", started, &Ok::<_, StoreError>(&hit));
+        Some(match hit {
+            Reservation::Done(stored) => self.open(req, clear_key, stored),
+            other => other,
+        })
+    }
+
     /// A completed key's answer as the client gets it: opened, or — when it cannot be —
     /// said so, counted, and logged loudly: a retry then gets a problem, never the
     /// ciphertext, and the operation is not executed again.

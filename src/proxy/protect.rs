@@ -18,14 +18,14 @@ use tokio::sync::oneshot;
 
 use super::headers::detach_headers;
 use super::key::{body_key, client_id, formatted_derived_key, scoped_key};
-use super::machine::{Job, Outcome, run};
+use super::machine::{Answer, Job, Outcome, reserve_request, run, unreserved};
 use super::rewrite::set_key;
 use super::state::Shared;
 use crate::body::{BoxError, CollectError, ProxyBody, collect_limited};
 use crate::config::{Policy, Route};
 use crate::fingerprint::{self, fingerprint};
 use crate::key::{ClearKey, ClientId, SentKey, StoredKey, UpstreamKey, derived_key, hex, key_hash};
-use crate::otlp::Trace;
+use crate::otlp::{Kind, Timer, Trace};
 use crate::problem::ProxyError;
 use crate::store::KeyStore;
 
@@ -72,20 +72,9 @@ where
         tracing::enabled!(tracing::Level::WARN).then(|| key_hash(&job.client_id, job.clear_key()));
     let client = tracing::enabled!(tracing::Level::INFO)
         .then(|| hex(&Sha256::digest(job.client_id.as_bytes())[..4]));
-    let (tx, rx) = oneshot::channel();
-    // Every line the detached work logs (takeover, lease, completion retries, fence)
-    // names the key by the same hash as the request line.
-    let span = match &key {
-        Some(key) => tracing::warn_span!("key", key = %key, route = %route.name),
-        None => tracing::Span::none(),
-    };
-    shared.tasks.spawn(tracing::Instrument::instrument(
-        run(Arc::clone(shared), job, tx),
-        span,
-    ));
-    let (outcome, result) = match rx.await {
-        Ok(answer) => answer,
-        Err(_) => (Outcome::Failed, Err(ProxyError::Internal)),
+    let (outcome, result) = match replayed(shared, &job) {
+        Some(answer) => answer,
+        None => detached(shared, &route, job, key.as_deref()).await,
     };
     if let (Some(client), Some(key)) = (client, key) {
         let status = match &result {
@@ -103,6 +92,42 @@ where
         );
     }
     Protected::Answered(outcome.as_str(), result, body_key)
+}
+
+/// A replay answered from the replay cache where the request arrived: nothing is
+/// reserved, so nothing needs a task that outlives the client (see [`detached`]).
+fn replayed<S: KeyStore>(shared: &Arc<Shared<S>>, job: &Job) -> Option<Answer> {
+    let timer = Timer::start(job.trace.as_ref());
+    let hit = shared
+        .observed(&job.route.name)
+        .cached(&reserve_request(job), job.clear_key())?;
+    timer.end("reserve", Kind::Internal, || {
+        vec![("idemproxy.reservation", hit.as_str().into())]
+    });
+    Some(unreserved(Ok(hit), job))
+}
+
+/// Runs the key's state machine in a task of its own, so that the client going away
+/// changes nothing from the reservation on, and waits for its answer.
+async fn detached<S: KeyStore>(
+    shared: &Arc<Shared<S>>,
+    route: &Route,
+    job: Job,
+    key: Option<&str>,
+) -> Answer {
+    let (tx, rx) = oneshot::channel();
+    // Every line the detached work logs (takeover, lease, completion retries, fence)
+    // names the key by the same hash as the request line.
+    let span = match key {
+        Some(key) => tracing::warn_span!("key", key = %key, route = %route.name),
+        None => tracing::Span::none(),
+    };
+    shared.tasks.spawn(tracing::Instrument::instrument(
+        run(Arc::clone(shared), job, tx),
+        span,
+    ));
+    rx.await
+        .unwrap_or_else(|_| (Outcome::Failed, Err(ProxyError::Internal)))
 }
 
 /// A request ready for the store, or one with no key to forward unprotected.

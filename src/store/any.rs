@@ -76,6 +76,10 @@ impl KeyStore for AnyStore {
         delegate!(self, s => s.reserve(req).await)
     }
 
+    fn cached(&self, req: &ReserveRequest<'_>) -> Option<Reservation> {
+        delegate!(self, s => s.cached(req))
+    }
+
     async fn renew(&self, fence: &Fence, lease: Duration) -> Result<Fenced, StoreError> {
         delegate!(self, s => s.renew(fence, lease).await)
     }

@@ -213,6 +213,14 @@ impl ReplayCache {
     }
 }
 
+/// The answer `cache` holds for `req`, if any (see `KeyStore::cached`).
+pub(super) fn cached_in(
+    cache: Option<&ReplayCache>,
+    req: &ReserveRequest<'_>,
+) -> Option<Reservation> {
+    cache?.get(&key_id(req.client_id, req.key), req)
+}
+
 /// A reservation through `cache`: a hit is answered from memory; otherwise `reserve` asks
 /// the store, and a completed key's answer it returns is kept for its row's remaining time.
 pub(super) async fn reserve_through<F>(

@@ -258,6 +258,13 @@ pub trait KeyStore: Send + Sync + 'static {
         req: &ReserveRequest<'_>,
     ) -> impl Future<Output = Result<Reservation, StoreError>> + Send;
 
+    /// What [`KeyStore::reserve`] would answer from the replay cache alone, without a
+    /// store call: a completed key's answer held in memory, or `None` (ask the store).
+    /// Lets a replay be answered where the request arrived, without a task of its own.
+    fn cached(&self, _req: &ReserveRequest<'_>) -> Option<Reservation> {
+        None
+    }
+
     /// Extends our lease; `Refused` means it was taken over and renewal should stop.
     fn renew(
         &self,

@@ -406,8 +406,39 @@ async fn concurrent_rekeys_split_the_rows(db: Backend) {
     only_new.stop().await;
 }
 
+/// A sealed answer replayed from memory (the replay cache keeps what the store returned,
+/// sealed) is opened like one read from the store: the retry gets the answer, never the
+/// ciphertext.
+async fn replays_from_memory_are_opened(db: Backend) {
+    let dir = TempDir::new("sealed-cache");
+    let k1 = key_file(&dir, "k1", 1);
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let proxy = TestProxy::spawn(&config(&[("k1", &k1)], None), &upstream, &db).await;
+    let client = TestClient::new(&proxy);
+    let first = client
+        .post("/payments", "shop-1", "m-1", &body("m-1"))
+        .await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let before = cache_hits(&proxy).await;
+    // PostgreSQL's cache serves once its notification connection is up.
+    let from_memory = eventually(std::time::Duration::from_secs(30), || async {
+        let again = client
+            .post("/payments", "shop-1", "m-1", &body("m-1"))
+            .await;
+        assert!(again.replayed(), "{again:?}");
+        assert_eq!(again.body, first.body, "the replay is the answer, opened");
+        assert_eq!(again.headers.get("location"), first.headers.get("location"));
+        (cache_hits(&proxy).await > before).then_some(())
+    })
+    .await;
+    assert!(from_memory.is_some(), "no replay was answered from memory");
+    assert_eq!(upstream.executions(), 1);
+    proxy.stop().await;
+}
+
 on_both_stores!(
     answers_are_sealed_at_rest,
+    replays_from_memory_are_opened,
     keys_rotate_and_rekey_moves_rows,
     a_missing_key_is_a_problem_not_a_second_execution,
     a_copied_answer_does_not_open,

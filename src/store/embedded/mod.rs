@@ -30,7 +30,7 @@ use tokio::sync::Notify;
 
 use crate::store::Waiters;
 use crate::store::group_commit::GroupCommit;
-use crate::store::replay_cache::{ReplayCache, reserve_through};
+use crate::store::replay_cache::{ReplayCache, cached_in, reserve_through};
 use crate::store::types::*;
 use crate::store::writes::{Write, WriteBatch, Written};
 use write::{RECORD_COLUMNS, record};
@@ -240,6 +240,10 @@ impl WriteBatch for EmbeddedStore {
 }
 
 impl KeyStore for EmbeddedStore {
+    fn cached(&self, req: &ReserveRequest<'_>) -> Option<Reservation> {
+        cached_in(self.inner.cache.as_ref(), req)
+    }
+
     async fn reserve(&self, req: &ReserveRequest<'_>) -> Result<Reservation, StoreError> {
         reserve_through(self.inner.cache.as_ref(), req, async {
             self.inner

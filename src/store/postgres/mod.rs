@@ -39,7 +39,7 @@ use tokio_postgres::types::{ToSql, Type};
 use crate::config::PostgresConfig;
 use crate::store::Waiters;
 use crate::store::group_commit::GroupCommit;
-use crate::store::replay_cache::{ReplayCache, reserve_through};
+use crate::store::replay_cache::{ReplayCache, cached_in, reserve_through};
 use crate::store::types::*;
 use crate::store::writes::Write;
 use connect::Connector;
@@ -208,6 +208,10 @@ impl KeyStore for PgStore {
                 .into_reservation_and_expiry()
         })
         .await
+    }
+
+    fn cached(&self, req: &ReserveRequest<'_>) -> Option<Reservation> {
+        cached_in(self.replay_cache(), req)
     }
 
     async fn renew(&self, fence: &Fence, lease: Duration) -> Result<Fenced, StoreError> {
