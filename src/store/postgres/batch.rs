@@ -46,7 +46,7 @@ impl WriteBatch for PgStore {
     }
 
     /// On the store's thread, beside their connections, when they have their own lane
-    /// (see [`super::lanes`]).
+    /// (see `store::postgres::lanes`).
     fn start_batches<F>(&self, task: F) -> bool
     where
         F: Future<Output = ()> + Send + 'static,
