@@ -38,8 +38,9 @@ impl PgStore {
         self.lanes.pools().map(|pool| pool.status().max_size).sum()
     }
 
-    /// Runs `call` on a pooled connection of the caller's lane (see [`super::lanes`]): after a turn (see [`PgStore::turn`]), with
-    /// what follows the turn boxed, all of it bounded by the store timeout.
+    /// Runs `call` on a pooled connection of the caller's lane (see [`super::lanes`]):
+    /// after a turn (see [`PgStore::turn`]), with what follows the turn boxed, all of it
+    /// bounded by the store timeout.
     pub(super) async fn with_client<T, Fut>(
         &self,
         call: impl FnOnce(Object) -> Fut,
@@ -83,7 +84,9 @@ impl PgStore {
             // The server went read-only (a demoted primary, a standby) or away: every
             // idle connection to it is as stale as this one. New ones find the primary
             // (`target_session_attrs=read-write`) instead of failing one call each.
-            let dropped: usize = (self.lanes.pools())
+            let dropped: usize = self
+                .lanes
+                .pools()
                 .map(|pool| pool.retain(|_, _| false).removed.len())
                 .sum();
             tracing::warn!(cause = %e, dropped, "store connection unusable; idle connections dropped, new ones will be made");

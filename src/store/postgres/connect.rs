@@ -278,7 +278,7 @@ impl Connector {
     }
 }
 
-/// Runs a connection's I/O until it ends, on the runtime it was opened on (the pool's
+/// Runs a connection's I/O until it ends, on the runtime it was opened on (the batches'
 /// connections are opened on the store's thread, see [`super::io_thread`]).
 fn drive<S, T>(connection: tokio_postgres::Connection<S, T>)
 where
