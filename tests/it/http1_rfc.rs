@@ -88,6 +88,7 @@ fn refused() -> Vec<(&'static str, String, u16)> {
         ("rfc9112_6_1_chunked_not_last", payment("host: x\r\ntransfer-encoding: chunked, gzip\r\n", "0\r\n\r\n"), 400),
         ("rfc9112_6_1_only_gzip", payment("host: x\r\ntransfer-encoding: gzip\r\n", "0\r\n\r\n"), 400),
         ("rfc9112_6_1_chunked_twice", payment("host: x\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n", "0\r\n\r\n"), 400),
+        ("rfc9112_6_1_trailing_empty_coding", payment("host: x\r\ntransfer-encoding: chunked,\r\n", "0\r\n\r\n"), 400),
         ("rfc9112_6_1_coding_not_a_token", payment("host: x\r\ntransfer-encoding: chunked;q=1\r\n", "0\r\n\r\n"), 400),
         ("rfc9112_6_1_unknown_coding_before_chunked", payment("host: x\r\ntransfer-encoding: gzip, chunked\r\n", "0\r\n\r\n"), 501),
         ("rfc9112_6_3_differing_lengths", payment("host: x\r\ncontent-length: 12\r\ncontent-length: 13\r\n", "{\"amount\":1}"), 400),

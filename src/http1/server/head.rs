@@ -189,6 +189,19 @@ fn framing(headers: &HeaderMap, version: Version) -> Result<Framing, HeadError> 
     }
     let mut codings = Vec::new();
     for value in headers.get_all(header::TRANSFER_ENCODING) {
+        // RFC 9110 §5.6.1 lets a recipient skip empty list elements, but a server that
+        // takes the line's last element as the final coding (hyper does) reads
+        // `chunked,` as not chunked: a body two parsers would end in two places.
+        let last = value
+            .as_bytes()
+            .rsplit(|b| *b == b',')
+            .next()
+            .unwrap_or(&[]);
+        if grammar::trim_ows(last).is_empty() {
+            return Err(HeadError::malformed(
+                "Transfer-Encoding ends with an empty element: servers differ on whether the body is chunked",
+            ));
+        }
         for coding in grammar::list(value.as_bytes()) {
             if !grammar::is_token(coding) {
                 return Err(HeadError::malformed(format!(
@@ -277,6 +290,8 @@ mod tests {
             "POST / HTTP/1.1\r\ncontent-length: 0x5\r\n\r\n",
             "POST / HTTP/1.1\r\ncontent-length: 99999999999999999999\r\n\r\n",
             "POST / HTTP/1.1\r\ntransfer-encoding: chunked, chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\ntransfer-encoding: chunked,\r\n\r\n",
+            "POST / HTTP/1.1\r\ntransfer-encoding: chunked , \t\r\n\r\n",
             "POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n",
             "POST / HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n",
             "POST / HTTP/1.1\r\ntransfer-encoding: \r\n\r\n",
