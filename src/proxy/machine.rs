@@ -285,16 +285,28 @@ async fn end<S: KeyStore>(
 /// Reserves the key; on a wait-mode route, a duplicate of a request in flight waits for it
 /// (woken by the store's notifications, with a slow fallback tick) up to the route's bound.
 async fn reserve<S: KeyStore>(shared: &Shared<S>, job: &Job) -> Result<Reservation, StoreError> {
-    let policy = &job.route.policy;
+    let store = shared.observed(&job.route.name);
+    let first = store.reserve(&reserve_request(job), job.clear_key()).await;
+    match (job.route.policy.on_conflict, &first) {
+        (OnConflict::Wait(limit), Ok(Reservation::InProgress { .. })) => {
+            // Boxed: only a duplicate of a request in flight waits, and inline the loop's
+            // state (timers, the notification, a second store call) would size every
+            // request's reservation.
+            Box::pin(wait_for_first(shared, job, limit)).await
+        }
+        _ => first,
+    }
+}
+
+/// A duplicate's wait (`on_conflict: wait`) for the request in flight to end: re-checks
+/// the row when its completion is heard of, once a second otherwise, until `limit`.
+async fn wait_for_first<S: KeyStore>(
+    shared: &Shared<S>,
+    job: &Job,
+    limit: Duration,
+) -> Result<Reservation, StoreError> {
     let store = shared.observed(&job.route.name);
     let request = reserve_request(job);
-    let first = store.reserve(&request, job.clear_key()).await;
-    let OnConflict::Wait(limit) = policy.on_conflict else {
-        return first;
-    };
-    if !matches!(first, Ok(Reservation::InProgress { .. })) {
-        return first;
-    }
     let deadline = Instant::now() + limit;
     let notify = shared.store.subscribe(key_id(&job.client_id, &job.key));
     loop {

@@ -65,16 +65,19 @@ where
         Ok(Prepared::Unkeyed(req)) => return Protected::Unkeyed(req),
         Err(err) => return Protected::Answered("rejected", Err(err), None),
     };
-    let body_key = job.client_key.clone().map(SentKey::into_string);
-    // Logs carry short hashes of the client and of (client, key), never either in clear;
-    // hashed only when the line will be written.
-    let key =
-        tracing::enabled!(tracing::Level::WARN).then(|| key_hash(&job.client_id, job.clear_key()));
-    let client = tracing::enabled!(tracing::Level::INFO)
-        .then(|| hex(&Sha256::digest(job.client_id.as_bytes())[..4]));
-    let (outcome, result) = match replayed(shared, &job) {
-        Some(answer) => answer,
-        None => detached(shared, &route, job, key.as_deref()).await,
+    // Decided in a plain function: `job` moves into the detached task there, so this
+    // future, which every request waiting on the store keeps, holds only the receiver.
+    let Begun {
+        body_key,
+        key,
+        client,
+        answer,
+    } = begin(shared, &route, job);
+    let (outcome, result) = match answer {
+        Begin::Replayed(answer) => answer,
+        Begin::Detached(rx) => rx
+            .await
+            .unwrap_or_else(|_| (Outcome::Failed, Err(ProxyError::Internal))),
     };
     if let (Some(client), Some(key)) = (client, key) {
         let status = match &result {
@@ -94,8 +97,46 @@ where
     Protected::Answered(outcome.as_str(), result, body_key)
 }
 
+/// What a prepared request carries on to its answer: what the request line logs, and the
+/// answer or where it will come from.
+struct Begun {
+    /// The key as found in the body, for the answer's echo.
+    body_key: Option<String>,
+    /// Short hashes of (client, key) and of the client, when the request line is logged.
+    key: Option<String>,
+    client: Option<String>,
+    answer: Begin,
+}
+
+enum Begin {
+    /// From the replay cache, in this task.
+    Replayed(Answer),
+    /// From the state machine's task.
+    Detached(oneshot::Receiver<Answer>),
+}
+
+fn begin<S: KeyStore>(shared: &Arc<Shared<S>>, route: &Route, job: Job) -> Begun {
+    let body_key = job.client_key.clone().map(SentKey::into_string);
+    // Logs carry short hashes of the client and of (client, key), never either in clear;
+    // hashed only when the line will be written.
+    let key =
+        tracing::enabled!(tracing::Level::WARN).then(|| key_hash(&job.client_id, job.clear_key()));
+    let client = tracing::enabled!(tracing::Level::INFO)
+        .then(|| hex(&Sha256::digest(job.client_id.as_bytes())[..4]));
+    let answer = match replayed(shared, &job) {
+        Some(answer) => Begin::Replayed(answer),
+        None => Begin::Detached(detach(shared, route, job, key.as_deref())),
+    };
+    Begun {
+        body_key,
+        key,
+        client,
+        answer,
+    }
+}
+
 /// A replay answered from the replay cache where the request arrived: nothing is
-/// reserved, so nothing needs a task that outlives the client (see [`detached`]).
+/// reserved, so nothing needs a task that outlives the client (see [`detach`]).
 fn replayed<S: KeyStore>(shared: &Arc<Shared<S>>, job: &Job) -> Option<Answer> {
     let timer = Timer::start(job.trace.as_ref());
     let hit = shared
@@ -107,14 +148,14 @@ fn replayed<S: KeyStore>(shared: &Arc<Shared<S>>, job: &Job) -> Option<Answer> {
     Some(unreserved(Ok(hit), job))
 }
 
-/// Runs the key's state machine in a task of its own, so that the client going away
-/// changes nothing from the reservation on, and waits for its answer.
-async fn detached<S: KeyStore>(
+/// Starts the key's state machine in a task of its own, so that the client going away
+/// changes nothing from the reservation on; its answer comes on the receiver.
+fn detach<S: KeyStore>(
     shared: &Arc<Shared<S>>,
     route: &Route,
     job: Job,
     key: Option<&str>,
-) -> Answer {
+) -> oneshot::Receiver<Answer> {
     let (tx, rx) = oneshot::channel();
     // Every line the detached work logs (takeover, lease, completion retries, fence)
     // names the key by the same hash as the request line.
@@ -126,8 +167,7 @@ async fn detached<S: KeyStore>(
         run(Arc::clone(shared), job, tx),
         span,
     ));
-    rx.await
-        .unwrap_or_else(|_| (Outcome::Failed, Err(ProxyError::Internal)))
+    rx
 }
 
 /// A request ready for the store, or one with no key to forward unprotected.

@@ -124,7 +124,9 @@ impl GroupCommit {
             alone
         };
         if alone {
-            return self.write_alone(store, write).await;
+            // Boxed: inline, its state (the write, the timer, the place) would size every
+            // caller's future, most of which only wait in the queue.
+            return Box::pin(self.write_alone(store, write)).await;
         }
         let (reply, answer) = oneshot::channel();
         let start = {

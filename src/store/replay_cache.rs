@@ -223,16 +223,21 @@ pub(super) fn cached_in(
 
 /// A reservation through `cache`: a hit is answered from memory; otherwise `reserve` asks
 /// the store, and a completed key's answer it returns is kept for its row's remaining time.
-pub(super) async fn reserve_through<F>(
+///
+/// `reserve` makes the store's future only when it is needed: a future passed in would be
+/// kept twice in this one (as the argument and as what is awaited), and a thousand
+/// requests waiting on the store each carry this future.
+pub(super) async fn reserve_through<F, Fut>(
     cache: Option<&ReplayCache>,
     req: &ReserveRequest<'_>,
     reserve: F,
 ) -> Result<Reservation, StoreError>
 where
-    F: std::future::Future<Output = Result<(Reservation, Option<Duration>), StoreError>>,
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<(Reservation, Option<Duration>), StoreError>>,
 {
     let Some(cache) = cache else {
-        return reserve.await.map(|(r, _)| r);
+        return reserve().await.map(|(r, _)| r);
     };
     // Hashed once: the lookup and the insert of a miss use the same id.
     let id = key_id(req.client_id, req.key);
@@ -242,7 +247,7 @@ where
     // Both taken before the store is asked: the row's remaining time is counted from a
     // moment no later than the store's, and an eviction heard meanwhile wins.
     let (asked, epoch) = (Instant::now(), cache.epoch());
-    let (reservation, expires_in) = reserve.await?;
+    let (reservation, expires_in) = reserve().await?;
     if let Some(expires_in) = expires_in {
         cache.insert(epoch, id, req, &reservation, asked + expires_in);
     }

@@ -245,7 +245,7 @@ impl KeyStore for EmbeddedStore {
     }
 
     async fn reserve(&self, req: &ReserveRequest<'_>) -> Result<Reservation, StoreError> {
-        reserve_through(self.inner.cache.as_ref(), req, async {
+        reserve_through(self.inner.cache.as_ref(), req, || async {
             self.inner
                 .group
                 .write(self, Write::Reserve(req.into()))

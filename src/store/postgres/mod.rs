@@ -201,7 +201,7 @@ pub(super) const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(30 * 60
 
 impl KeyStore for PgStore {
     async fn reserve(&self, req: &ReserveRequest<'_>) -> Result<Reservation, StoreError> {
-        reserve_through(self.replay_cache(), req, async {
+        reserve_through(self.replay_cache(), req, || async {
             self.group
                 .write(self, Write::Reserve(req.into()))
                 .await?
