@@ -111,7 +111,9 @@ pub(crate) async fn serve_connection<H: Handler>(
             match next_head(&io, &mut pending, limits, draining).await? {
                 None => return Ok(()),
                 Some(Err(e)) => {
-                    refuse(&io, handler, &e).await;
+                    // Boxed: the refusal's state is the largest of the connection's, and
+                    // inline it would size every connection (a thousand, idle or not).
+                    Box::pin(refuse(&io, handler, &e)).await;
                     return Err(ConnError::Head(e));
                 }
                 Some(Ok(head)) => {
