@@ -38,9 +38,13 @@ const CONFLICT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Runs one protected request to the end, whether or not anyone still waits on `tx`:
 /// reserve → execute → complete or release → answer.
+///
+/// The job comes boxed: it is borrowed while the key is reserved, and a future keeps a
+/// borrowed local's room to its end, so inline it would be held twice while the upstream
+/// call runs (here, and moved into the execution).
 pub(crate) async fn run<S: KeyStore>(
     shared: Arc<Shared<S>>,
-    job: Job,
+    job: Box<Job>,
     tx: oneshot::Sender<Answer>,
 ) {
     let timer = Timer::start(job.trace.as_ref());
@@ -59,7 +63,7 @@ pub(crate) async fn run<S: KeyStore>(
     };
     // Boxed: the many duplicates that only wait on a reservation (or get 409) then cost a
     // small future each, not the whole state machine.
-    Box::pin(execute(&shared, job, lease, tx)).await;
+    Box::pin(execute(&shared, *job, lease, tx)).await;
 }
 
 /// The answer to a request whose key was not reserved: what the row says, or `503`.

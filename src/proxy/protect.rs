@@ -58,21 +58,24 @@ where
     B::Error: Into<BoxError>,
 {
     let started = Instant::now();
-    // Boxed: what preparing takes is freed before the long wait for the answer.
-    let prepared = Box::pin(prepare(shared, Arc::clone(&route), key, req, peer)).await;
-    let job = match prepared {
-        Ok(Prepared::Job(job)) => Job { trace, ..job },
-        Ok(Prepared::Unkeyed(req)) => return Protected::Unkeyed(req),
-        Err(err) => return Protected::Answered("rejected", Err(err), None),
-    };
-    // Decided in a plain function: `job` moves into the detached task there, so this
-    // future, which every request waiting on the store keeps, holds only the receiver.
+    // Boxed: what preparing takes is freed before the long wait for the answer. Its
+    // result is only a temporary here, and `begin` is a plain function that moves the job
+    // into the detached task: this future, which every request waiting on the store
+    // keeps, holds the receiver and what the request line logs, not the job.
     let Begun {
         body_key,
         key,
         client,
         answer,
-    } = begin(shared, &route, job);
+    } = match begin(
+        shared,
+        &route,
+        Box::pin(prepare(shared, Arc::clone(&route), key, req, peer)).await,
+        trace,
+    ) {
+        Start::Begun(begun) => begun,
+        Start::Done(done) => return done,
+    };
     let (outcome, result) = match answer {
         Begin::Replayed(answer) => answer,
         Begin::Detached(rx) => rx
@@ -108,6 +111,12 @@ struct Begun {
     answer: Begin,
 }
 
+/// How a prepared request starts: on its way to an answer, or already done with.
+enum Start {
+    Begun(Begun),
+    Done(Protected),
+}
+
 enum Begin {
     /// From the replay cache, in this task.
     Replayed(Answer),
@@ -115,7 +124,19 @@ enum Begin {
     Detached(oneshot::Receiver<Answer>),
 }
 
-fn begin<S: KeyStore>(shared: &Arc<Shared<S>>, route: &Route, job: Job) -> Begun {
+/// A prepared request's start: answered at once (refused, unkeyed, or replayed from the
+/// replay cache) or handed to the state machine's task.
+fn begin<S: KeyStore>(
+    shared: &Arc<Shared<S>>,
+    route: &Route,
+    prepared: Result<Prepared, ProxyError>,
+    trace: Option<Trace>,
+) -> Start {
+    let job = match prepared {
+        Ok(Prepared::Job(job)) => Job { trace, ..job },
+        Ok(Prepared::Unkeyed(req)) => return Start::Done(Protected::Unkeyed(req)),
+        Err(err) => return Start::Done(Protected::Answered("rejected", Err(err), None)),
+    };
     let body_key = job.client_key.clone().map(SentKey::into_string);
     // Logs carry short hashes of the client and of (client, key), never either in clear;
     // hashed only when the line will be written.
@@ -127,12 +148,12 @@ fn begin<S: KeyStore>(shared: &Arc<Shared<S>>, route: &Route, job: Job) -> Begun
         Some(answer) => Begin::Replayed(answer),
         None => Begin::Detached(detach(shared, route, job, key.as_deref())),
     };
-    Begun {
+    Start::Begun(Begun {
         body_key,
         key,
         client,
         answer,
-    }
+    })
 }
 
 /// A replay answered from the replay cache where the request arrived: nothing is
@@ -164,7 +185,7 @@ fn detach<S: KeyStore>(
         None => tracing::Span::none(),
     };
     shared.tasks.spawn(tracing::Instrument::instrument(
-        run(Arc::clone(shared), job, tx),
+        run(Arc::clone(shared), Box::new(job), tx),
         span,
     ));
     rx
