@@ -159,3 +159,83 @@ async fn a_batch_that_stalls_does_not_hold_up_the_writes_behind_it() {
         [1, 2]
     );
 }
+
+fn fenced(n: usize) -> Result<Written, StoreError> {
+    Ok(Written::Fenced(if n % 2 == 0 {
+        Fenced::Applied
+    } else {
+        Fenced::Refused
+    }))
+}
+
+fn is_fenced(answer: &Result<Written, StoreError>, n: usize) -> bool {
+    match (answer, n % 2) {
+        (Ok(Written::Fenced(Fenced::Applied)), 0) | (Ok(Written::Fenced(Fenced::Refused)), 1) => {
+            true
+        }
+        _ => false,
+    }
+}
+
+/// A current-thread runtime on a thread of its own (as each server thread runs), kept
+/// alive until `stop` is sent.
+fn other_runtime() -> (
+    Handle,
+    tokio::sync::oneshot::Sender<()>,
+    std::thread::JoinHandle<()>,
+) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let handle = runtime.handle().clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        runtime.block_on(async move {
+            let _ = stopped.await;
+        });
+    });
+    (handle, stop, thread)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn every_caller_gets_its_own_answer_whichever_runtime_it_waits_on() {
+    let (away, stop, thread) = other_runtime();
+    let here = Handle::current();
+    let homes = [None, Some(away.clone()), Some(here), Some(away.clone())];
+    let mut callers = Vec::new();
+    let mut answers = Vec::new();
+    for n in 0..12 {
+        let (reply, answer) = oneshot::channel();
+        callers.push((reply, homes[n % homes.len()].clone()));
+        answers.push(answer);
+    }
+    // One answer short: the last caller is told so instead of waiting forever.
+    deliver(callers, (0..11).map(fenced).collect());
+    for (n, answer) in answers.into_iter().enumerate() {
+        let answer = tokio::time::timeout(Duration::from_secs(5), answer)
+            .await
+            .expect("answered in time")
+            .expect("answered");
+        if n < 11 {
+            assert!(is_fenced(&answer, n), "caller {n} got another's answer");
+        } else {
+            assert!(matches!(answer, Err(StoreError::Corrupt(_))));
+        }
+    }
+    let _ = stop.send(());
+    let _ = thread.join();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_caller_whose_runtime_stopped_is_not_answered_and_nothing_hangs() {
+    let (away, stop, thread) = other_runtime();
+    let _ = stop.send(());
+    let _ = thread.join();
+    let (reply, answer) = oneshot::channel();
+    deliver(vec![(reply, Some(away))], vec![fenced(0)]);
+    let answer = tokio::time::timeout(Duration::from_secs(5), answer)
+        .await
+        .expect("no hang");
+    assert!(answer.is_err());
+}
