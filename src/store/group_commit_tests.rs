@@ -161,7 +161,7 @@ async fn a_batch_that_stalls_does_not_hold_up_the_writes_behind_it() {
 }
 
 fn fenced(n: usize) -> Result<Written, StoreError> {
-    Ok(Written::Fenced(if n % 2 == 0 {
+    Ok(Written::Fenced(if n.is_multiple_of(2) {
         Fenced::Applied
     } else {
         Fenced::Refused
@@ -169,12 +169,10 @@ fn fenced(n: usize) -> Result<Written, StoreError> {
 }
 
 fn is_fenced(answer: &Result<Written, StoreError>, n: usize) -> bool {
-    match (answer, n % 2) {
-        (Ok(Written::Fenced(Fenced::Applied)), 0) | (Ok(Written::Fenced(Fenced::Refused)), 1) => {
-            true
-        }
-        _ => false,
-    }
+    matches!(
+        (answer, n % 2),
+        (Ok(Written::Fenced(Fenced::Applied)), 0) | (Ok(Written::Fenced(Fenced::Refused)), 1)
+    )
 }
 
 /// A current-thread runtime on a thread of its own (as each server thread runs), kept
