@@ -11,25 +11,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Response, StatusCode};
-use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep, sleep_until};
 
-use super::call::{Outgoing, Upstream, outgoing};
+use super::call::{Outgoing, outgoing};
+use super::conclude::conclude;
 pub(crate) use super::job::{Answer, Job, Outcome};
-use super::lease::{Finish, Holder};
-use super::state::{Shared, error_chain};
-use crate::body::{Prefixed, ProxyBody, boxed, full};
-use crate::config::{Ambiguous, OnConflict, Policy, Takeover};
+use super::lease::Holder;
+use super::state::Shared;
+use crate::body::{ProxyBody, full};
+use crate::config::{OnConflict, Takeover};
 use crate::metrics::Metrics;
 use crate::otlp::{Kind, Timer};
 use crate::problem::ProxyError;
 use crate::store::{
-    Completion, Fenced, KeyStore, Lease, Reservation, ReserveRequest, StoreError, StoredResponse,
-    key_id,
+    KeyStore, Lease, Reservation, ReserveRequest, StoreError, StoredResponse, key_id,
 };
-use crate::stored::{decode_stored, encode_stored};
-use crate::upstream::headers::client_head;
+use crate::stored::decode_stored;
 
 /// How often a waiting duplicate re-checks the row if no notification came.
 const WAIT_FALLBACK_TICK: Duration = Duration::from_secs(1);
@@ -163,129 +161,6 @@ fn execute<S: KeyStore>(
     }
 }
 
-/// Ends the reservation as the upstream's answer and the route's policy say — stored,
-/// released, or kept in progress — and answers the client once the store has it.
-pub(super) async fn conclude<S: KeyStore>(
-    holder: &mut Holder<'_, S>,
-    policy: &Policy,
-    upstream: Upstream,
-    tx: oneshot::Sender<Answer>,
-) {
-    match upstream {
-        Upstream::NotSent(cause) => {
-            // Nothing was sent, so nothing happened: free the key for the next attempt.
-            let err = ProxyError::UpstreamUnreachable(cause);
-            end(
-                holder,
-                Finish::Release,
-                tx,
-                Outcome::UpstreamError,
-                Err(err),
-            )
-            .await;
-        }
-        Upstream::Unknown(err) => match policy.on_ambiguous {
-            Ambiguous::Keep => {
-                // The upstream may have acted: keep the key in progress (renewal stops
-                // here, so the lease runs out) and let a later retry re-execute with the
-                // same derived key.
-                tracing::warn!(cause = %error_chain(&err), "upstream outcome unknown; the key stays in progress until its lease runs out");
-                answer(tx, Outcome::UpstreamError, Err(err));
-            }
-            Ambiguous::Release => {
-                tracing::warn!(cause = %error_chain(&err), "upstream outcome unknown; released as the route's policy says");
-                end(holder, Finish::Release, tx, Outcome::Released, Err(err)).await;
-            }
-            Ambiguous::Store => {
-                // The route treats this failure as the final answer: store the problem.
-                tracing::warn!(cause = %error_chain(&err), "upstream outcome unknown; storing the failure as the answer, as the route's policy says");
-                let (head, body) = err.into_response_in(&policy.errors).into_parts();
-                let body = body
-                    .collect()
-                    .await
-                    .map(|c| c.to_bytes())
-                    .unwrap_or_default();
-                let completion = Completion::Stored(StoredResponse::clear(
-                    head.status.as_u16(),
-                    encode_stored(&head.headers, &[]),
-                    body.clone(),
-                ));
-                let resp = Ok(Response::from_parts(head, full(body)));
-                let finish = Finish::Complete(&completion);
-                end(holder, finish, tx, Outcome::UpstreamError, resp).await;
-            }
-        },
-        Upstream::Answered { mut head, body } => {
-            client_head(&mut head);
-            // The body is sent whole: hyper sets Content-Length from it.
-            head.headers.remove(http::header::CONTENT_LENGTH);
-            let status = head.status.as_u16();
-            let stored = StoredResponse::clear(
-                status,
-                encode_stored(&head.headers, &policy.store_headers),
-                body.clone(),
-            );
-            let resp = Ok(Response::from_parts(head, full(body)));
-            let ambiguous = policy.ambiguous_statuses.contains(&status);
-            if ambiguous && policy.on_ambiguous == Ambiguous::Keep {
-                tracing::warn!(
-                    status,
-                    "ambiguous upstream status; the key stays in progress until its lease runs out"
-                );
-                return answer(tx, Outcome::UpstreamError, resp);
-            }
-            if policy.release_on.contains(&status)
-                || (ambiguous && policy.on_ambiguous == Ambiguous::Release)
-            {
-                return end(holder, Finish::Release, tx, Outcome::Released, resp).await;
-            }
-            let completion = Completion::Stored(stored);
-            end(
-                holder,
-                Finish::Complete(&completion),
-                tx,
-                Outcome::Executed,
-                resp,
-            )
-            .await;
-        }
-        Upstream::TooLarge {
-            mut head,
-            prefix,
-            rest,
-        } => {
-            client_head(&mut head);
-            let completion = Completion::NotReplayable {
-                status: head.status.as_u16(),
-            };
-            let resp = Ok(Response::from_parts(
-                head,
-                boxed(Prefixed::new(prefix, rest)),
-            ));
-            let finish = Finish::Complete(&completion);
-            end(holder, finish, tx, Outcome::NotReplayable, resp).await;
-        }
-    }
-}
-
-/// Writes the outcome once, answers the client (after the first attempt, so that a client
-/// that has its answer finds it stored), then sees the write through.
-async fn end<S: KeyStore>(
-    holder: &mut Holder<'_, S>,
-    finish: Finish<'_>,
-    tx: oneshot::Sender<Answer>,
-    outcome: Outcome,
-    result: Result<Response<ProxyBody>, ProxyError>,
-) {
-    let first = holder.attempt(finish).await;
-    answer(tx, outcome, result);
-    // Boxed, and only when the first attempt did not do: retrying takes the most state of
-    // any ending, and almost every ending is done in one.
-    if !matches!(first, Ok(Fenced::Applied)) {
-        Box::pin(holder.settle(finish, first)).await;
-    }
-}
-
 /// Reserves the key; on a wait-mode route, a duplicate of a request in flight waits for it
 /// (woken by the store's notifications, with a slow fallback tick) up to the route's bound.
 async fn reserve<S: KeyStore>(shared: &Shared<S>, job: &Job) -> Result<Reservation, StoreError> {
@@ -345,7 +220,7 @@ pub(crate) fn reserve_request(job: &Job) -> ReserveRequest<'_> {
     }
 }
 
-fn answer(
+pub(super) fn answer(
     tx: oneshot::Sender<Answer>,
     outcome: Outcome,
     result: Result<Response<ProxyBody>, ProxyError>,

@@ -1,6 +1,7 @@
 //! The request path: route lookup, pass-through, and the idempotency state machine.
 
 mod call;
+mod conclude;
 mod headers;
 mod job;
 mod key;

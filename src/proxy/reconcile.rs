@@ -18,8 +18,8 @@ use http::HeaderValue;
 use tokio::sync::{Semaphore, oneshot};
 
 use super::call::{Probe, ask_probe};
+use super::conclude::conclude;
 use super::lease::{Finish, Holder, fence_for};
-use super::machine::conclude;
 use super::state::{Proxy, Shared};
 use crate::config::{Reconcile, Route};
 use crate::key::derived_key;
