@@ -63,6 +63,7 @@ pub(super) async fn conclude<S: KeyStore>(
     end(holder, finish, tx, outcome, result).await;
 }
 
+/// The ending the upstream's answer and the route's policy call for; awaits nothing.
 fn decide(policy: &Policy, upstream: Upstream) -> Ending {
     match upstream {
         // Nothing was sent, so nothing happened: free the key for the next attempt.
@@ -93,27 +94,25 @@ fn decide(policy: &Policy, upstream: Upstream) -> Ending {
             // The body is sent whole: hyper sets Content-Length from it.
             head.headers.remove(http::header::CONTENT_LENGTH);
             let status = head.status.as_u16();
-            let ambiguous = policy.ambiguous_statuses.contains(&status);
-            let keep = ambiguous && policy.on_ambiguous == Ambiguous::Keep;
-            let release = policy.release_on.contains(&status)
-                || (ambiguous && policy.on_ambiguous == Ambiguous::Release);
-            if keep || release {
-                let resp = Ok(Response::from_parts(head, full(body)));
-                if keep {
-                    tracing::warn!(
-                        status,
-                        "ambiguous upstream status; the key stays in progress until its lease runs out"
-                    );
-                    return Ending::Keep(Outcome::UpstreamError, resp);
-                }
-                return Ending::Release(Outcome::Released, resp);
-            }
             let stored = StoredResponse::clear(
                 status,
                 encode_stored(&head.headers, &policy.store_headers),
                 body.clone(),
             );
             let resp = Ok(Response::from_parts(head, full(body)));
+            let ambiguous = policy.ambiguous_statuses.contains(&status);
+            if ambiguous && policy.on_ambiguous == Ambiguous::Keep {
+                tracing::warn!(
+                    status,
+                    "ambiguous upstream status; the key stays in progress until its lease runs out"
+                );
+                return Ending::Keep(Outcome::UpstreamError, resp);
+            }
+            if policy.release_on.contains(&status)
+                || (ambiguous && policy.on_ambiguous == Ambiguous::Release)
+            {
+                return Ending::Release(Outcome::Released, resp);
+            }
             Ending::Complete(Completion::Stored(stored), Outcome::Executed, resp)
         }
         Upstream::TooLarge {

@@ -56,7 +56,7 @@ struct Queue {
 
 struct Member {
     write: Write,
-    reply: oneshot::Sender<Result<Written, StoreError>>,
+    reply: Reply,
     /// The runtime its caller waits on, to hand it its answer there ([`deliver`]).
     home: Option<Handle>,
 }
@@ -249,8 +249,14 @@ impl GroupCommit {
     }
 }
 
+/// Where a member's caller waits for its answer.
+type Reply = oneshot::Sender<Result<Written, StoreError>>;
+
 /// Where a batch's answers go: a member's reply and the runtime its caller waits on.
-type Caller = (oneshot::Sender<Result<Written, StoreError>>, Option<Handle>);
+type Caller = (Reply, Option<Handle>);
+
+/// A reply and the answer it carries.
+type Answer = (Reply, Result<Written, StoreError>);
 
 /// Hands each caller its answer, on the runtime it waits on.
 ///
@@ -290,11 +296,6 @@ fn deliver(callers: Vec<Caller>, results: Vec<Result<Written, StoreError>>) {
         }));
     }
 }
-
-type Answer = (
-    oneshot::Sender<Result<Written, StoreError>>,
-    Result<Written, StoreError>,
-);
 
 /// A place among the running batches held by a lone write's caller.
 struct Place<'a, S: WriteBatch> {
