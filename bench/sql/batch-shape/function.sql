@@ -2,12 +2,13 @@
 -- the 15 this client reserved one batch before completed, through idempotency_batch().
 -- pgbench keeps the reserved keys and tokens for the next batch (\gset); bench/batch-shape.
 \set p random(1, 1000000000000)
+WITH n AS MATERIALIZED (SELECT array(SELECT 'k' || :p || '-' || g FROM generate_series(1, 15) g) AS keys)
 SELECT array_to_string(array_agg(k ORDER BY k), ',') AS prevkeys, array_to_string(array_agg(t ORDER BY k), ',') AS prevtoks FROM (
-SELECT b.o_index, (array(SELECT 'k' || :p || '-' || g FROM generate_series(1, 15) g))[b.o_index] AS k, b.o_lease_token AS t
-FROM idempotency_batch(
+SELECT n.keys[b.o_index] AS k, b.o_lease_token AS t
+FROM n, idempotency_batch(
   array_fill('reserve'::text, ARRAY[15]) || array_fill('complete'::text, ARRAY[15]),
   array_fill('bench'::text, ARRAY[30]),
-  array(SELECT 'k' || :p || '-' || g FROM generate_series(1, 15) g) || string_to_array(:prevkeys, ','),
+  n.keys || string_to_array(:prevkeys, ','),
   array_fill('\x0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef'::bytea, ARRAY[30]),
   array_fill('create-payment'::text, ARRAY[30]),
   array_fill(30000::bigint, ARRAY[30]),

@@ -1,5 +1,7 @@
--- The same batch and the same statements as idempotency_batch() (0009) runs, as one
--- statement outside a function (data-modifying CTEs): what the function's machinery costs.
+-- The same batch, and the completions' and new keys' statements idempotency_batch() (0009)
+-- runs for it, as one statement outside a function (data-modifying CTEs): what the
+-- function's machinery costs. Left out: the release statement (this batch has none; the
+-- function runs it anyway) and NOTIFY (nobody waits here).
 \set p random(1, 1000000000000)
 WITH a AS MATERIALIZED (SELECT
   array_fill('reserve'::text, ARRAY[15]) || array_fill('complete'::text, ARRAY[15]) AS op,
