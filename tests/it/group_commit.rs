@@ -210,7 +210,12 @@ async fn a_failing_member_fails_alone(db: Backend) {
         "{:?}",
         answers[0]
     );
-    lease_of(&answers[1]);
+    let fresh = lease_of(&answers[1]);
+
+    // The batches a failing member sent down the slower path still moved the token
+    // counter on: the next reservation's token was never handed out before.
+    let later = lease_of(&store.write_batch(vec![reserve("later", FP, LONG)]).await[0]);
+    assert!(later.token > fresh.token, "{later:?} after {fresh:?}");
 }
 
 /// Hundreds of requests at once through the queue (so batches form): every key is

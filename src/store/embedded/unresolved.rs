@@ -9,7 +9,7 @@ use std::time::Duration;
 use rusqlite::{TransactionBehavior, params};
 
 use super::EmbeddedStore;
-use super::write::{RECORD_COLUMNS, next_token, now_ms, record};
+use super::write::{RECORD_COLUMNS, Tokens, now_ms, record};
 use crate::store::types::*;
 
 impl EmbeddedStore {
@@ -72,8 +72,9 @@ impl EmbeddedStore {
                 .query_map(params![now, routes, limit], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<rusqlite::Result<_>>()?;
             let mut claims = Vec::with_capacity(due.len());
+            let mut tokens = Tokens::default();
             for (rowid, ran_out) in due {
-                let token = next_token(&tx)?;
+                let token = tokens.take(&tx)?;
                 tx.prepare_cached(
                     "UPDATE idempotency_keys SET lease_token = ?2, locked_until_ms = ?3 WHERE rowid = ?1",
                 )?
@@ -85,6 +86,7 @@ impl EmbeddedStore {
                     unresolved_since_ms: ran_out,
                 });
             }
+            tokens.store(&tx)?;
             tx.commit()?;
             Ok(claims)
         })
