@@ -13,6 +13,8 @@ pub(super) enum AdminError {
     StoreNotMigrated(String),
     StoreUnavailable(String),
     StoreFailed(String),
+    /// The store answers, but cannot take new keys (disk full, out of memory).
+    StoreCannotWrite(String),
     Unauthorized(String),
     NotFound(String),
     BadPath(String),
@@ -49,6 +51,12 @@ impl AdminError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store-failed",
                 "Store failed",
+                d,
+            ),
+            AdminError::StoreCannotWrite(d) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-cannot-write",
+                "Store cannot take new keys",
                 d,
             ),
             AdminError::Unauthorized(d) => (

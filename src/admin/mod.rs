@@ -90,6 +90,18 @@ async fn ready<S: KeyStore>(proxy: &Proxy<S>) -> Response<ProxyBody> {
         )
         .into_response();
     }
+    if let Some(fault) = proxy.store_fault() {
+        // The store answers reads (so a ping passes), but every new key is refused.
+        return AdminError::StoreCannotWrite(format!(
+            "The {} store cannot take new keys: {} since {} ({}{}). Stored answers still replay; ready again once a write succeeds or none has failed for a few seconds.",
+            fault.store,
+            fault.kind.as_str().replace('_', " "),
+            httpdate::fmt_http_date(fault.since),
+            fault.sqlstate.as_deref().map(|s| format!("SQLSTATE {s}: ")).unwrap_or_default(),
+            fault.reason,
+        ))
+        .into_response();
+    }
     match proxy.store().ping().await {
         Ok(()) => match proxy.store().location() {
             Some(at) => text(

@@ -14,9 +14,11 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 mod exposition;
+mod faults;
 mod labels;
 mod series;
 
+pub use faults::FaultSeries;
 pub use labels::*;
 
 /// The proxy's metrics and the registry that renders them.
@@ -41,6 +43,8 @@ pub struct Metrics {
     pub renewal_errors: Counter,
     /// Completions given up after retrying for the whole retry window.
     pub completions_abandoned: Counter,
+    /// The store's faults and the endings held because of them.
+    pub faults: FaultSeries,
     /// Store calls that failed, by operation.
     pub store_errors: Family<OpLabel, Counter>,
     /// Store call latency, by operation.
@@ -126,6 +130,7 @@ impl Metrics {
             leases_lost: Family::default(),
             renewal_errors: Counter::default(),
             completions_abandoned: Counter::default(),
+            faults: FaultSeries::default(),
             store_errors: Family::default(),
             store_seconds: Family::new_with_constructor(Buckets::reaching(store)),
             upstream_errors: Family::default(),
@@ -203,6 +208,7 @@ impl Metrics {
             "Completions given up after the retry window",
             self.completions_abandoned.clone(),
         );
+        self.faults.register(registry);
         registry.register(
             "store_errors",
             "Failed store calls by operation",

@@ -60,7 +60,7 @@ pub enum ProxyError {
     NotReplayable { status: u16 },
     #[error("the outcome of an earlier attempt is unknown")]
     OutcomeUnknown,
-    #[error("store unavailable")]
+    #[error("{}", if .0.is_unreachable() { "store unavailable" } else { "store failed" })]
     StoreUnavailable(#[source] crate::store::StoreError),
     #[error("upstream refused the connection")]
     UpstreamUnreachable(#[source] crate::body::BoxError),

@@ -150,7 +150,8 @@ async fn stored_problem(policy: &Policy, err: ProxyError) -> (Completion, Reply)
 }
 
 /// Writes the outcome once, answers the client (after the first attempt, so that a client
-/// that has its answer finds it stored), then sees the write through.
+/// that has its answer finds it stored — or, when the store refused it, held in this
+/// process), then sees the write through.
 async fn end<S: KeyStore>(
     holder: &mut Holder<'_, S>,
     finish: Finish<'_>,
@@ -159,6 +160,10 @@ async fn end<S: KeyStore>(
     result: Reply,
 ) {
     let first = holder.attempt(finish).await;
+    if first.is_err() {
+        // Before the client has its answer: its first retry must find it held here.
+        holder.hold(finish);
+    }
     answer(tx, outcome, result);
     // Boxed, and only when the first attempt did not do: retrying takes the most state of
     // any ending, and almost every ending is done in one.

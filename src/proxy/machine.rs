@@ -140,10 +140,12 @@ fn execute<S: KeyStore>(
             "took over an expired lease; re-executing with the same derived key"
         );
     }
+    let fingerprint = job.fingerprint;
     let Outgoing { fence, work } = outgoing(shared, job, &lease);
     async move {
         let policy = &route.policy;
-        let mut holder = Holder::new(shared.observed(&route.name), fence, policy.lease);
+        let store = shared.observed(&route.name);
+        let mut holder = Holder::new(store, fence, fingerprint, policy.lease);
         let timer = Timer::start(trace.as_ref());
         let upstream = holder.during(work).await;
         timer.end("upstream", Kind::Client, || {
@@ -164,8 +166,7 @@ fn execute<S: KeyStore>(
 /// Reserves the key; on a wait-mode route, a duplicate of a request in flight waits for it
 /// (woken by the store's notifications, with a slow fallback tick) up to the route's bound.
 async fn reserve<S: KeyStore>(shared: &Shared<S>, job: &Job) -> Result<Reservation, StoreError> {
-    let store = shared.observed(&job.route.name);
-    let first = store.reserve(&reserve_request(job), job.clear_key()).await;
+    let first = reserve_once(shared, job, &reserve_request(job)).await;
     match (job.route.policy.on_conflict, &first) {
         (OnConflict::Wait(limit), Ok(Reservation::InProgress { .. })) => {
             // Boxed: only a duplicate of a request in flight waits, and inline the loop's
@@ -184,7 +185,6 @@ async fn wait_for_first<S: KeyStore>(
     job: &Job,
     limit: Duration,
 ) -> Result<Reservation, StoreError> {
-    let store = shared.observed(&job.route.name);
     let request = reserve_request(job);
     let deadline = Instant::now() + limit;
     let notify = shared.store.subscribe(key_id(&job.client_id, &job.key));
@@ -193,7 +193,7 @@ async fn wait_for_first<S: KeyStore>(
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let now = store.reserve(&request, job.clear_key()).await;
+        let now = reserve_once(shared, job, &request).await;
         if !matches!(now, Ok(Reservation::InProgress { .. })) || Instant::now() >= deadline {
             return now;
         }
@@ -203,6 +203,21 @@ async fn wait_for_first<S: KeyStore>(
             () = sleep_until(deadline) => {}
         }
     }
+}
+
+/// One look at the key: the ending this process holds for it, if any (see
+/// [`super::held`]: never a takeover of a key whose answer is here), else the store's.
+async fn reserve_once<S: KeyStore>(
+    shared: &Shared<S>,
+    job: &Job,
+    request: &ReserveRequest<'_>,
+) -> Result<Reservation, StoreError> {
+    let id = key_id(&job.client_id, &job.key);
+    if let Some(held) = shared.held.reservation(&id, &job.fingerprint) {
+        return Ok(held);
+    }
+    let store = shared.observed(&job.route.name);
+    store.reserve(request, job.clear_key()).await
 }
 
 /// What reserving `job`'s key asks the store.

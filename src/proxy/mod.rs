@@ -2,7 +2,9 @@
 
 mod call;
 mod conclude;
+mod faults;
 mod headers;
+mod held;
 mod job;
 mod key;
 mod lease;
@@ -15,6 +17,7 @@ mod rewrite;
 mod service;
 mod state;
 
+pub use faults::{Fault, FaultKind};
 pub use key::{body_key, parse_key};
 pub use live::Reloaded;
 pub use reconcile::Reconciled;

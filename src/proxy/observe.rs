@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::faults::StoreFaults;
+use super::held::HeldAnswers;
 use crate::metrics::Metrics;
 use crate::store::{Completion, Fence, Fenced, KeyStore, Reservation, ReserveRequest, StoreError};
 use crate::vault::Vault;
@@ -19,6 +21,11 @@ pub(crate) struct Observed<'a, S> {
     pub vault: Option<&'a Vault>,
     /// Keyed requests held back while the store's key form is not agreed.
     pub hold: &'a KeyFormHold,
+    /// Endings this process holds unwritten; told when the store answers again.
+    pub held: &'a HeldAnswers,
+    /// The store's faults as calls meet them (disk full, down), for the log, the metrics
+    /// and readiness.
+    pub faults: &'a StoreFaults,
 }
 
 /// Keyed requests held back (answered `503`) until the store's key form is agreed: a
@@ -54,9 +61,25 @@ impl KeyFormHold {
 }
 
 impl<S: KeyStore> Observed<'_, S> {
-    fn record<T>(&self, op: &'static str, started: Instant, result: &Result<T, StoreError>) {
+    /// Times and counts one call; tells the fault tracker how it went (`wrote`: it wrote
+    /// a row), and the held endings when the store takes writes again.
+    fn record<T>(
+        &self,
+        op: &'static str,
+        started: Instant,
+        result: &Result<T, StoreError>,
+        wrote: bool,
+    ) {
         self.metrics
             .observe_store(op, started.elapsed(), result.is_ok());
+        match result {
+            Ok(_) => {
+                if self.faults.answered(wrote, self.metrics) {
+                    self.held.store_answered();
+                }
+            }
+            Err(e) => self.faults.met(e, self.metrics, || self.store.location()),
+        }
     }
 
     /// Reserves `req`; `clear_key` is the key as the client sent it (`req.key` may be its
@@ -69,7 +92,8 @@ impl<S: KeyStore> Observed<'_, S> {
         self.hold.check()?;
         let started = Instant::now();
         let result = self.store.reserve(req).await;
-        self.record("reserve", started, &result);
+        let wrote = matches!(result, Ok(Reservation::Reserved(_)));
+        self.record("reserve", started, &result, wrote);
         match result {
             Ok(Reservation::Done(stored)) => Ok(self.open(req, clear_key, stored)),
             other => other,
@@ -83,7 +107,8 @@ impl<S: KeyStore> Observed<'_, S> {
         self.hold.check().ok()?;
         let started = Instant::now();
         let hit = self.store.cached(req)?;
-        self.record("reserve", started, &Ok::<_, StoreError>(&hit));
+        self.metrics
+            .observe_store("reserve", started.elapsed(), true);
         Some(match hit {
             Reservation::Done(stored) => self.open(req, clear_key, stored),
             other => other,
@@ -118,7 +143,7 @@ impl<S: KeyStore> Observed<'_, S> {
     pub async fn renew(&self, fence: &Fence, lease: Duration) -> Result<Fenced, StoreError> {
         let started = Instant::now();
         let result = self.store.renew(fence, lease).await;
-        self.record("renew", started, &result);
+        self.record("renew", started, &result, true);
         match &result {
             Ok(Fenced::Refused) => Metrics::count_route(&self.metrics.leases_lost, self.route),
             Err(_) => {
@@ -149,7 +174,7 @@ impl<S: KeyStore> Observed<'_, S> {
             _ => completion,
         };
         let result = self.store.complete(fence, completion).await;
-        self.record("complete", started, &result);
+        self.record("complete", started, &result, true);
         if let Ok(Fenced::Refused) = result {
             Metrics::count_route(&self.metrics.fenced_off, self.route);
         }
@@ -159,7 +184,7 @@ impl<S: KeyStore> Observed<'_, S> {
     pub async fn release(&self, fence: &Fence) -> Result<Fenced, StoreError> {
         let started = Instant::now();
         let result = self.store.release(fence).await;
-        self.record("release", started, &result);
+        self.record("release", started, &result, true);
         result
     }
 }

@@ -129,7 +129,9 @@ async fn settle<S: KeyStore>(
     let key_hash = crate::key::key_hash(&record.client_id, &record.key);
     let fence = fence_for(policy, record.client_id, record.key, record.lease_token);
     let store = shared.observed(&route.name);
-    let mut holder = Holder::new(store, fence.clone(), policy.lease);
+    // A row's fingerprint is always 32 bytes; one that is not matches no request.
+    let fingerprint = record.fingerprint.as_slice().try_into().unwrap_or([0; 32]);
+    let mut holder = Holder::new(store, fence.clone(), fingerprint, policy.lease);
     let _turn = holder.during(turns.acquire()).await;
     let Some(probe) = &policy.recovery_probe else {
         return Said::Inconclusive;
@@ -153,6 +155,9 @@ async fn settle<S: KeyStore>(
         Probe::NotFound => {
             tracing::warn!(route = %route.name, key = %key_hash, attempts = record.attempts, "reconciler: the recovery probe did not find the operation; released, the next retry executes");
             let first = holder.attempt(Finish::Release).await;
+            if first.is_err() {
+                holder.hold(Finish::Release);
+            }
             holder.settle(Finish::Release, first).await;
             Said::NotFound
         }

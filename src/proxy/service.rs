@@ -95,7 +95,13 @@ impl<S: KeyStore> Proxy<S> {
             Ok(resp) => resp,
             Err(err) => {
                 let status = err.status();
-                if status.is_server_error() {
+                // A store fault is said once, when it begins (see `faults`), not per
+                // request it refuses.
+                let fault_said =
+                    matches!(&err, ProxyError::StoreUnavailable(e) if e.fault().is_some());
+                if fault_said {
+                    tracing::debug!(%method, path = uri.path(), route = &*route, status = status.as_u16(), cause = %error_chain(&err), "request refused: store fault");
+                } else if status.is_server_error() {
                     tracing::warn!(%method, path = uri.path(), route = &*route, status = status.as_u16(), cause = %error_chain(&err), "request failed");
                 } else if status == http::StatusCode::CONFLICT {
                     // A duplicate of a request in flight: the normal course of a retry.

@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio_util::task::TaskTracker;
 
+use super::faults::StoreFaults;
+use super::held::HeldAnswers;
 use super::live::{LiveRoutes, Reloaded, fixed_changes};
 use super::observe::{KeyFormHold, Observed};
 use crate::config::Config;
@@ -41,6 +43,11 @@ pub(crate) struct Shared<S> {
     /// Why keyed requests cannot use the store yet, while the store's key form has not
     /// been agreed (see [`Proxy::hold_keys_until_agreed`]); empty: they can.
     pub key_form_hold: Arc<KeyFormHold>,
+    /// Endings this process could not write yet, answered to retries from here (see
+    /// [`super::held`]); shared by every server thread.
+    pub held: Arc<HeldAnswers>,
+    /// The store's faults as the request path meets them; readiness reads them.
+    pub faults: Arc<StoreFaults>,
     /// The route label of requests that match no route.
     pub unrouted: Arc<str>,
     /// Detached executions (upstream call + completion). They outlive the client's
@@ -61,6 +68,8 @@ impl<S> Shared<S> {
             route,
             vault: self.vault.as_deref(),
             hold: &self.key_form_hold,
+            held: &self.held,
+            faults: &self.faults,
         }
     }
 }
@@ -101,6 +110,8 @@ impl<S: KeyStore> Proxy<S> {
                 vault,
                 key_form,
                 key_form_hold: Arc::default(),
+                held: Arc::default(),
+                faults: Arc::default(),
                 store,
                 forwarder,
                 metrics: Arc::new(metrics),
@@ -126,6 +137,8 @@ impl<S: KeyStore> Proxy<S> {
                 vault: shared.vault.clone(),
                 key_form: shared.key_form.clone(),
                 key_form_hold: Arc::clone(&shared.key_form_hold),
+                held: Arc::clone(&shared.held),
+                faults: Arc::clone(&shared.faults),
                 store: shared.store.clone(),
                 forwarder: shared.forwarder.sibling(),
                 metrics: Arc::clone(&shared.metrics),
@@ -159,6 +172,12 @@ impl<S: KeyStore> Proxy<S> {
             routes: names.len(),
             needs_restart,
         }
+    }
+
+    /// The store fault that makes this replica unfit for new keys now, if any: readiness
+    /// reports it.
+    pub fn store_fault(&self) -> Option<super::Fault> {
+        self.shared.faults.not_ready()
     }
 
     /// The store, for readiness checks.

@@ -26,8 +26,15 @@ pub enum StoreError {
     Corrupt(String),
     #[error("store configuration: {0}")]
     Config(String),
-    #[error("embedded store: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    /// SQLite's own words once (its error repeats its message in its source).
+    #[error("embedded store: {}", sqlite_reason(.0))]
+    Sqlite(rusqlite::Error),
+    /// The embedded store's file cannot be used, and why, in words an operator acts on.
+    #[error("cannot use the embedded store at {}: {reason}", .path.display())]
+    Open {
+        path: std::path::PathBuf,
+        reason: String,
+    },
     #[error("embedded store task failed: {0}")]
     Blocking(String),
     #[error(
@@ -93,6 +100,7 @@ impl StoreError {
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
             ),
             StoreError::Corrupt(_)
+            | StoreError::Open { .. }
             | StoreError::Config(_)
             | StoreError::Blocking(_)
             | StoreError::SchemaBehind { .. } => false,
@@ -136,6 +144,28 @@ pub(super) fn chain_has_handshake(e: &(dyn Error + 'static)) -> bool {
         next = e.source();
     }
     false
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Sqlite(e)
+    }
+}
+
+/// SQLite's message for `e`, once: its failures carry the message and, as their source,
+/// the same code's generic description.
+pub(crate) fn sqlite_reason(e: &rusqlite::Error) -> String {
+    match e {
+        rusqlite::Error::SqliteFailure(code, Some(message)) => {
+            if message.eq_ignore_ascii_case(&code.to_string()) {
+                message.clone()
+            } else {
+                format!("{message} (SQLite error {})", code.extended_code)
+            }
+        }
+        rusqlite::Error::SqliteFailure(code, None) => code.to_string(),
+        other => other.to_string(),
+    }
 }
 
 impl From<tokio_postgres::Error> for StoreError {

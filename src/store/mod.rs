@@ -8,6 +8,7 @@
 mod any;
 mod embedded;
 mod error;
+mod fault;
 mod form_agreement;
 mod group_commit;
 mod postgres;
@@ -22,6 +23,7 @@ pub use any::AnyStore;
 pub use embedded::EmbeddedStore;
 pub use error::StoreError;
 pub use error::describe;
+pub use fault::Fault;
 pub use form_agreement::{KeyFormAgreement, SettleKeyForm};
 pub use postgres::{MIGRATIONS, PgStore, Pool, migrate};
 pub use rehash::{RehashKeys, Rehashed};

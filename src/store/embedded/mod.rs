@@ -13,6 +13,7 @@
 //! replicas.
 
 mod form_agreement;
+mod open;
 mod rehash;
 mod reseal;
 mod schema;
@@ -71,9 +72,6 @@ struct Inner {
 /// commit), with two fewer threads, each of which held a malloc arena of its own.
 const CALLS_AT_ONCE: usize = 2;
 
-/// SQLite's page cache (see `open`).
-const CACHE_KIB: i64 = 1024;
-
 /// Writes per transaction at most.
 const MAX_BATCH: usize = 256;
 
@@ -101,7 +99,10 @@ impl EmbeddedStore {
             .create(create)
             .truncate(false)
             .open(&path)
-            .map_err(|e| StoreError::Config(format!("cannot open {}: {e}", path.display())))?;
+            .map_err(|e| StoreError::Open {
+                path: path.clone(),
+                reason: format!("{e}"),
+            })?;
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
@@ -127,18 +128,7 @@ impl EmbeddedStore {
     /// Opens (creating if needed) the store file and brings its schema up to date, with no
     /// lock: for tests and tools that look at a file a process of their own serves from.
     pub fn open(path: &Path, timeout: Duration) -> Result<Self, StoreError> {
-        let conn = Connection::open(path)?;
-        conn.busy_timeout(timeout)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        // A deleted or rewritten answer is overwritten in the file, not left in free space:
-        // a swept answer is gone, and one resealed by `rekey` leaves no clear copy behind.
-        conn.pragma_update(None, "secure_delete", "ON")?;
-        // SQLite's page cache, in KiB (negative: a size, not a page count): the upper
-        // levels of the key index stay in it, and the rest of the file is in the OS's page
-        // cache anyway. Half SQLite's default of 2 MiB: measured, no slower.
-        conn.pragma_update(None, "cache_size", -CACHE_KIB)?;
-        schema::bring_up_to_date(&conn, path)?;
+        let conn = open::connect(path, timeout)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 conn: Mutex::new(conn),
