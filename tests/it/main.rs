@@ -44,6 +44,7 @@ mod schema;
 mod sdk_stripe;
 mod server_threads;
 mod server_tuning;
+mod storage_faults;
 mod store_conformance;
 mod tls;
 mod tracing_otlp;

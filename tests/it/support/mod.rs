@@ -12,6 +12,7 @@ pub mod db;
 pub mod proxies;
 pub mod relay;
 pub mod upstream;
+pub mod volume;
 pub mod wire;
 
 pub use clients::*;
