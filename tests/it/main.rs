@@ -45,6 +45,7 @@ mod sdk_stripe;
 mod server_threads;
 mod server_tuning;
 mod storage_faults;
+mod storage_faults_pg;
 mod store_conformance;
 mod tls;
 mod tracing_otlp;

@@ -173,6 +173,56 @@ impl Cluster {
         c
     }
 
+    /// Moves the WAL to `dir` (as `initdb --waldir` would), before `start`: for a test
+    /// that fills the WAL's volume.
+    pub fn move_wal_to(&self, dir: &Path) {
+        let wal = self.data.join("pg_wal");
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg("cp -a \"$1\"/. \"$2\"/ && rm -rf \"$1\" && ln -s \"$2\" \"$1\"")
+            .arg("sh")
+            .arg(&wal)
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        give_to_server(dir);
+        give_to_server(&self.data);
+    }
+
+    /// Stops the server at once if it runs; nothing said when it does not.
+    pub fn stop_if_running(&self) {
+        let _ = self.pg_ctl(&["-m", "immediate", "-w", "stop"]).output();
+    }
+
+    /// Runs SQL as `psql` does, whatever comes of it (the server may crash on it).
+    pub fn psql_unchecked(&self, db: &str, sql: &str) -> String {
+        let out = Command::new(bindir().join("psql"))
+            .args(["-X", "-q", "-At", "-h"])
+            .arg(&self.dir.0)
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                db,
+                "-c",
+                sql,
+            ])
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+
     /// Starts the server and waits until it accepts connections.
     pub fn start(&self) {
         run(self.pg_ctl(&["-w", "-t", "30", "start"]), "pg_ctl start");
