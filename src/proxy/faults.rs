@@ -67,9 +67,20 @@ pub struct StoreFaults {
     /// Whether `current` holds a fault: read without the lock on every store call.
     active: AtomicBool,
     current: Mutex<Option<Fault>>,
+    /// Where the store is when it cannot say so itself (the embedded store's file).
+    configured_at: Option<String>,
 }
 
 impl StoreFaults {
+    /// Faults of a store configured at `at` (the embedded store's file; `None` for a
+    /// server, which says where it is connected).
+    pub fn new(at: Option<String>) -> Self {
+        Self {
+            configured_at: at,
+            ..Self::default()
+        }
+    }
+
     /// A store call failed with `e`; `at` says where the store is.
     pub fn met(&self, e: &StoreError, metrics: &Metrics, at: impl FnOnce() -> Option<String>) {
         let Some(kind) = e.fault() else {
@@ -104,7 +115,7 @@ impl StoreFaults {
         let fault = Fault {
             kind,
             store: e.backend().unwrap_or("store"),
-            at: at(),
+            at: at().or_else(|| self.configured_at.clone()),
             sqlstate: e.sqlstate().map(str::to_owned),
             reason: describe(e),
             since: SystemTime::now(),

@@ -102,6 +102,7 @@ impl<S: KeyStore> Proxy<S> {
             .map(Tracer::start);
         let vault = config.encryption.as_ref().map(|e| Arc::new(e.vault()));
         let key_form = config.key_form();
+        let faults = Arc::new(StoreFaults::new(configured_at(&config)));
         Self {
             shared: Arc::new(Shared {
                 config,
@@ -111,7 +112,7 @@ impl<S: KeyStore> Proxy<S> {
                 key_form,
                 key_form_hold: Arc::default(),
                 held: Arc::default(),
-                faults: Arc::default(),
+                faults,
                 store,
                 forwarder,
                 metrics: Arc::new(metrics),
@@ -226,6 +227,14 @@ impl<S: KeyStore> Proxy<S> {
     /// What the proxy has counted; the admin listener renders it.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.shared.metrics
+    }
+}
+
+/// Where the configured store is, when the store cannot say so itself.
+fn configured_at(config: &Config) -> Option<String> {
+    match &config.store {
+        crate::config::StoreConfig::Embedded { path, .. } => Some(path.display().to_string()),
+        crate::config::StoreConfig::Postgres(_) => None,
     }
 }
 

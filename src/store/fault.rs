@@ -151,3 +151,44 @@ fn io_cause(e: &tokio_postgres::Error) -> bool {
     }
     false
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sqlite(code: i32) -> StoreError {
+        StoreError::Sqlite(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(code),
+            None,
+        ))
+    }
+
+    /// SQLite's codes map to the faults an operator acts on; a statement's own error, a
+    /// timeout or a busy file is no fault.
+    #[test]
+    fn sqlite_codes_are_classified() {
+        assert_eq!(sqlite(13).fault(), Some(Fault::DiskFull));
+        assert_eq!(sqlite(7).fault(), Some(Fault::OutOfMemory));
+        assert_eq!(sqlite(8).fault(), Some(Fault::Unwritable));
+        assert_eq!(sqlite(19).fault(), None, "a constraint is the statement's");
+        assert_eq!(sqlite(5).fault(), None, "busy passes");
+        assert_eq!(
+            StoreError::Timeout(std::time::Duration::from_secs(1)).fault(),
+            None
+        );
+        let shared = StoreError::Shared(std::sync::Arc::new(sqlite(13)));
+        assert_eq!(shared.fault(), Some(Fault::DiskFull));
+        assert_eq!(shared.backend(), Some("embedded"));
+    }
+
+    /// The message says SQLite's cause once, not the message and its source's repeat.
+    #[test]
+    fn sqlite_cause_once() {
+        let e = StoreError::Sqlite(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(13),
+            Some("database or disk is full".into()),
+        ));
+        let text = crate::store::describe(&e);
+        assert_eq!(text.matches("disk is full").count(), 1, "{text}");
+    }
+}

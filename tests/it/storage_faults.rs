@@ -369,3 +369,85 @@ fn an_unwritable_directory_is_named() {
     );
     assert!(stderr.contains("-wal"), "{stderr}");
 }
+
+/// The binary on a full volume: the refusals make one ERROR line that names the store,
+/// the file, the fault and the reason once — not a WARN line per refused request — and
+/// the end of the fault is said once too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_said_once() {
+    let Some(volume) = Volume::mount("8m") else {
+        return;
+    };
+    let path = volume.join("keys.db");
+    let store = format!(
+        "store:\n  embedded:\n    path: \"{}\"\n    timeout: 1s\n",
+        path.display()
+    );
+    let upstream = Upstream::spawn(Behavior {
+        pad_to: 100 * 1024,
+        ..Default::default()
+    })
+    .await;
+    let proxy =
+        ProxyProcess::spawn(&payments(&store, false), &upstream, &Backend::embedded()).await;
+    let client = client_for(proxy.addr);
+    assert_eq!(
+        client.post("/payments", "shop-1", "w", BODY).await.status,
+        201
+    );
+    volume.fill();
+    let mut refused = 0;
+    for i in 0..20 {
+        let reply = client
+            .post("/payments", "shop-1", &format!("n{i}"), BODY)
+            .await;
+        if reply.status == 503 {
+            refused += 1;
+        }
+    }
+    assert!(refused >= 15, "new keys refused on a full disk: {refused}");
+    volume.free();
+    let back = eventually(Duration::from_secs(20), || {
+        let client = client.clone();
+        async move {
+            let reply = client.post("/payments", "shop-1", "back", BODY).await;
+            (reply.status == 201).then_some(())
+        }
+    })
+    .await;
+    assert!(back.is_some(), "new keys work again");
+    // The fault ends with a write after it settled.
+    let ended = eventually(Duration::from_secs(20), || {
+        let client = client.clone();
+        let log = proxy.log_text();
+        async move {
+            if log.contains("store fault over") {
+                return Some(());
+            }
+            let _ = client
+                .post("/payments", "shop-1", &format!("later-{}", log.len()), BODY)
+                .await;
+            None
+        }
+    })
+    .await;
+    let log = proxy.log_text();
+    assert!(ended.is_some(), "{log}");
+    let began: Vec<&str> = log.lines().filter(|l| l.contains("store fault:")).collect();
+    assert_eq!(began.len(), 1, "{log}");
+    let line = began[0];
+    assert!(line.contains("ERROR"), "{line}");
+    assert!(line.contains("disk_full"), "{line}");
+    assert!(line.contains(&path.display().to_string()), "{line}");
+    assert_eq!(
+        line.matches("database or disk is full").count(),
+        1,
+        "the cause once: {line}"
+    );
+    assert_eq!(log.matches("store fault over").count(), 1, "{log}");
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("request failed") && l.contains("503")),
+        "no WARN line per refused request: {log}"
+    );
+}
