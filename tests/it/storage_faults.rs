@@ -349,6 +349,7 @@ fn an_unwritable_directory_is_named() {
         .args(["-u", "nobody", "--"])
         .arg(env!("CARGO_BIN_EXE_idemproxy"))
         .args(["sweep", "--config"])
+        .env_remove("DATABASE_URL")
         .arg(&config)
         .output();
     let Some(out) = out
