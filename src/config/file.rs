@@ -73,6 +73,21 @@ pub struct FileLimits {
     pub header_read_timeout: Option<HumanDuration>,
     pub body_read_timeout: Option<HumanDuration>,
     pub max_header_bytes: Option<HumanSize>,
+    pub detached: Option<FileDetached>,
+    pub http2_idle_timeout: Option<HumanDuration>,
+    pub http2_ping_interval: Option<HumanDuration>,
+    pub http2_ping_timeout: Option<HumanDuration>,
+    pub http2_max_streams: Option<usize>,
+    pub send_timeout: Option<HumanDuration>,
+}
+
+/// `limits.detached:` — bounds on work the proxy owns past its client.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileDetached {
+    pub max: Option<usize>,
+    pub per_client: Option<usize>,
+    pub per_connection: Option<usize>,
 }
 
 /// `sweep:` — the background retention sweep.

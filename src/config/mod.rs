@@ -5,6 +5,7 @@
 mod build;
 mod file;
 pub mod libpq;
+mod limits;
 mod load;
 mod model;
 mod policy;

@@ -12,6 +12,7 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 
 use super::RouteTable;
+pub use super::limits::*;
 
 /// Default proxy listener.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -52,14 +53,6 @@ pub const DEFAULT_SWEEP_BATCH: i64 = 500;
 pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(30);
 /// Unresolved keys the reconciler takes per pass, per replica.
 pub const DEFAULT_RECONCILE_BATCH: i64 = 50;
-/// Connections served at once.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
-/// Time to send a request head.
-pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Time to send a protected request's body.
-pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// Largest request head.
-pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Memory for replayed answers (`store.replay_cache`).
 pub const DEFAULT_REPLAY_CACHE: u64 = 32 << 20;
 /// Embedded store file when no PostgreSQL URL is configured.
@@ -186,19 +179,6 @@ pub struct Tracing {
 pub struct Reconcile {
     pub interval: Duration,
     pub batch: i64,
-}
-
-/// Bounds on clients, so that slow or hostile ones cannot exhaust the proxy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Connections served at once; further ones wait in the kernel's accept queue.
-    pub max_connections: usize,
-    /// Time to send a request head (slowloris); the connection is closed past it.
-    pub header_read_timeout: Duration,
-    /// Time to send a protected request's body; `408` past it.
-    pub body_read_timeout: Duration,
-    /// Largest request head; `431` beyond.
-    pub max_header_bytes: usize,
 }
 
 /// Where and how requests are forwarded.

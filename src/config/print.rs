@@ -140,6 +140,18 @@ impl Config {
             format_duration(l.body_read_timeout),
             format_size(l.max_header_bytes as u64)
         )?;
+        writeln!(
+            f,
+            "  detached: {{max: {}, per_client: {}, per_connection: {}}}\n  http2_idle_timeout: {}\n  http2_ping_interval: {}\n  http2_ping_timeout: {}\n  http2_max_streams: {}\n  send_timeout: {}",
+            l.detached.max,
+            l.detached.per_client,
+            l.detached.per_connection,
+            format_duration(l.http2_idle_timeout),
+            format_duration(l.http2_ping_interval),
+            format_duration(l.http2_ping_timeout),
+            l.http2_max_streams,
+            format_duration(l.send_timeout)
+        )?;
         let token = if self.admin_token.is_some() {
             "set (never printed)"
         } else {

@@ -74,8 +74,9 @@ pub mod known {
     /// `upstream_errors_total{kind}`.
     pub const UPSTREAM_ERRORS: [&str; 3] = ["not_sent", "timeout", "failed"];
     /// `connection_errors_total{kind}`.
-    pub const CONNECTION_ERRORS: [&str; 6] = [
+    pub const CONNECTION_ERRORS: [&str; 7] = [
         "header_timeout",
+        "send_timeout",
         "head_too_large",
         "malformed",
         "closed_early",
@@ -87,7 +88,7 @@ pub mod known {
     /// Outcomes of a protected request whose status class is fixed, as `requests_total`
     /// is primed with them (`executed` and `replayed` carry the upstream's status; they are
     /// primed at `2xx`).
-    pub const REQUEST_OUTCOMES: [(&str, &str); 11] = [
+    pub const REQUEST_OUTCOMES: [(&str, &str); 12] = [
         ("executed", "2xx"),
         ("replayed", "2xx"),
         ("conflict", "4xx"),
@@ -99,6 +100,7 @@ pub mod known {
         ("upstream_error", "5xx"),
         ("failed", "5xx"),
         ("unreadable", "5xx"),
+        ("overloaded", "5xx"),
     ];
 }
 

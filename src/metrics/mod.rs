@@ -13,11 +13,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+mod admission;
 mod exposition;
 mod faults;
 mod labels;
 mod series;
 
+pub use admission::AdmissionSeries;
 pub use faults::FaultSeries;
 pub use labels::*;
 
@@ -45,6 +47,8 @@ pub struct Metrics {
     pub completions_abandoned: Counter,
     /// The store's faults and the endings held because of them.
     pub faults: FaultSeries,
+    /// Detached work admitted and refused.
+    pub admission: AdmissionSeries,
     /// Store calls that failed, by operation.
     pub store_errors: Family<OpLabel, Counter>,
     /// Store call latency, by operation.
@@ -131,6 +135,7 @@ impl Metrics {
             renewal_errors: Counter::default(),
             completions_abandoned: Counter::default(),
             faults: FaultSeries::default(),
+            admission: AdmissionSeries::default(),
             store_errors: Family::default(),
             store_seconds: Family::new_with_constructor(Buckets::reaching(store)),
             upstream_errors: Family::default(),
@@ -209,6 +214,7 @@ impl Metrics {
             self.completions_abandoned.clone(),
         );
         self.faults.register(registry);
+        self.admission.register(registry);
         registry.register(
             "store_errors",
             "Failed store calls by operation",

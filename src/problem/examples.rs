@@ -60,6 +60,7 @@ impl ProxyError {
             ProxyError::MalformedH2("x".into()),
             ProxyError::VersionNotSupported("HTTP/2.0".into()),
             ProxyError::NotImplemented("CONNECT".into()),
+            ProxyError::Overloaded { bound: "client" },
             ProxyError::Internal,
         ]
     }

@@ -86,6 +86,9 @@ pub enum ProxyError {
     UnsupportedCoding(String),
     #[error("not supported: {0}")]
     NotImplemented(String),
+    /// Past a bound on detached work (`limits.detached`): nothing reserved or forwarded.
+    #[error("too much work in flight ({bound} bound)")]
+    Overloaded { bound: &'static str },
     #[error("internal error")]
     Internal,
 }
@@ -134,7 +137,7 @@ impl ProxyError {
     pub fn retry_after(&self) -> Option<u64> {
         match self {
             ProxyError::InProgress { retry_after } => Some(retry_secs(*retry_after)),
-            ProxyError::StoreUnavailable(_) => Some(1),
+            ProxyError::StoreUnavailable(_) | ProxyError::Overloaded { .. } => Some(1),
             _ => None,
         }
     }
@@ -342,6 +345,16 @@ impl ProxyError {
                 "unsupported-transfer-coding",
                 "Transfer coding not supported",
                 format!("The request body is sent with the transfer coding `{coding}`, which the proxy does not decode (only `chunked`). Nothing was forwarded or reserved; send the body unencoded, or with `Content-Encoding`."),
+            ),
+            ProxyError::Overloaded { bound } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "Too much work in flight",
+                format!("The proxy has as many protected requests in flight as it takes{}, so this one was not reserved or forwarded. It is safe to retry with the same key after Retry-After.", match *bound {
+                    "client" => " for this client",
+                    "connection" => " on this connection",
+                    _ => "",
+                }),
             ),
             ProxyError::Internal => (
                 StatusCode::INTERNAL_SERVER_ERROR,

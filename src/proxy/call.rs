@@ -262,8 +262,27 @@ async fn read_upstream<S>(
     request: http::Request<ProxyBody>,
     max_stored: u64,
 ) -> Upstream {
-    let deadline = Instant::now() + shared.forwarder.upstream().timeout;
-    let resp = match timeout_at(deadline, shared.forwarder.send(request)).await {
+    let forwarder = &shared.forwarder;
+    let deadline = Instant::now() + forwarder.upstream().timeout;
+    // The wait for a connection is not the call: giving up on it sends nothing.
+    let ready = match timeout_at(deadline, forwarder.ready()).await {
+        Err(_) => {
+            return Upstream::NotSent(
+                format!(
+                    "no upstream connection came free within upstream.timeout ({} ms; upstream.max_connections {} all busy)",
+                    forwarder.upstream().timeout.as_millis(),
+                    forwarder.max_connections()
+                )
+                .into(),
+            );
+        }
+        Ok(Err(ForwardError::NotSent(e))) => return Upstream::NotSent(e),
+        Ok(Err(ForwardError::Failed(e))) => {
+            return Upstream::Unknown(ProxyError::UpstreamFailed(e));
+        }
+        Ok(Ok(ready)) => ready,
+    };
+    let resp = match timeout_at(deadline, ready.send(request)).await {
         Err(_) => return Upstream::Unknown(ProxyError::UpstreamTimeout),
         Ok(Err(ForwardError::NotSent(e))) => return Upstream::NotSent(e),
         Ok(Err(ForwardError::Failed(e))) => {

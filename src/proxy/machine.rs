@@ -14,6 +14,7 @@ use http::{Response, StatusCode};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep, sleep_until};
 
+use super::admission::Admitted;
 use super::call::{Outgoing, outgoing};
 use super::conclude::conclude;
 pub(crate) use super::job::{Answer, Job, Outcome};
@@ -40,11 +41,16 @@ const CONFLICT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The job comes boxed: it is borrowed while the key is reserved, and a future keeps a
 /// borrowed local's room to its end, so inline it would be held twice while the upstream
 /// call runs (here, and moved into the execution).
+///
+/// `admitted` is the execution's slot (see [`super::admission`]): held to the end, the
+/// stored answer included, and given back when this returns.
 pub(crate) async fn run<S: KeyStore>(
     shared: Arc<Shared<S>>,
     job: Box<Job>,
+    admitted: Admitted,
     tx: oneshot::Sender<Answer>,
 ) {
+    let _admitted = admitted;
     let timer = Timer::start(job.trace.as_ref());
     // Boxed, like `execute` below: each stage's state is freed when it ends, instead of
     // the largest one being held for the whole request.

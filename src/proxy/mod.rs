@@ -1,5 +1,6 @@
 //! The request path: route lookup, pass-through, and the idempotency state machine.
 
+mod admission;
 mod call;
 mod conclude;
 mod faults;
@@ -17,6 +18,7 @@ mod rewrite;
 mod service;
 mod state;
 
+pub use admission::{ConnectionWork, Refused};
 pub use faults::{Fault, FaultKind};
 pub use key::{body_key, parse_key};
 pub use live::Reloaded;

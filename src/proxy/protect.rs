@@ -16,6 +16,7 @@ use http_body_util::Full;
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
+use super::admission::{Admitted, ConnectionWork};
 use super::headers::detach_headers;
 use super::key::{body_key, client_id, formatted_derived_key, scoped_key};
 use super::machine::{Answer, Job, Outcome, reserve_request, run, unreserved};
@@ -146,7 +147,21 @@ fn begin<S: KeyStore>(
         .then(|| hex(&Sha256::digest(job.client_id.as_bytes())[..4]));
     let answer = match replayed(shared, &job) {
         Some(answer) => Begin::Replayed(answer),
-        None => Begin::Detached(detach(shared, route, job, key.as_deref())),
+        None => {
+            // Before anything is reserved: past a bound, nothing is.
+            let connection = job.parts.extensions.get::<Arc<ConnectionWork>>();
+            match shared.admission.admit(&job.client_id, connection) {
+                Ok(admitted) => {
+                    Begin::Detached(detach(shared, route, job, admitted, key.as_deref()))
+                }
+                Err(refused) => {
+                    let err = ProxyError::Overloaded {
+                        bound: refused.as_str(),
+                    };
+                    return Start::Done(Protected::Answered("overloaded", Err(err), body_key));
+                }
+            }
+        }
     };
     Start::Begun(Begun {
         body_key,
@@ -175,6 +190,7 @@ fn detach<S: KeyStore>(
     shared: &Arc<Shared<S>>,
     route: &Route,
     job: Job,
+    admitted: Admitted,
     key: Option<&str>,
 ) -> oneshot::Receiver<Answer> {
     let (tx, rx) = oneshot::channel();
@@ -185,7 +201,7 @@ fn detach<S: KeyStore>(
         None => tracing::Span::none(),
     };
     shared.tasks.spawn(tracing::Instrument::instrument(
-        run(Arc::clone(shared), Box::new(job), tx),
+        run(Arc::clone(shared), Box::new(job), admitted, tx),
         span,
     ));
     rx

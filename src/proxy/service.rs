@@ -99,6 +99,8 @@ impl<S: KeyStore> Proxy<S> {
                 // request it refuses.
                 let fault_said =
                     matches!(&err, ProxyError::StoreUnavailable(e) if e.fault().is_some());
+                // Refusals past a bound come in floods: counted, not logged one by one.
+                let fault_said = fault_said || matches!(err, ProxyError::Overloaded { .. });
                 if fault_said {
                     tracing::debug!(%method, path = uri.path(), route = &*route, status = status.as_u16(), cause = %error_chain(&err), "request refused: store fault");
                 } else if status.is_server_error() {

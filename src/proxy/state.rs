@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio_util::task::TaskTracker;
 
+use super::admission::Admission;
 use super::faults::StoreFaults;
 use super::held::HeldAnswers;
 use super::live::{LiveRoutes, Reloaded, fixed_changes};
@@ -46,6 +47,9 @@ pub(crate) struct Shared<S> {
     /// Endings this process could not write yet, answered to retries from here (see
     /// [`super::held`]); shared by every server thread.
     pub held: Arc<HeldAnswers>,
+    /// Slots for detached executions (see [`super::admission`]), shared by every server
+    /// thread.
+    pub admission: Arc<Admission>,
     /// The store's faults as the request path meets them; readiness reads them.
     pub faults: Arc<StoreFaults>,
     /// The route label of requests that match no route.
@@ -103,6 +107,11 @@ impl<S: KeyStore> Proxy<S> {
         let vault = config.encryption.as_ref().map(|e| Arc::new(e.vault()));
         let key_form = config.key_form();
         let faults = Arc::new(StoreFaults::new(configured_at(&config)));
+        let metrics = Arc::new(metrics);
+        let admission = Arc::new(Admission::new(
+            config.limits.detached,
+            Arc::clone(&metrics),
+        ));
         Self {
             shared: Arc::new(Shared {
                 config,
@@ -112,10 +121,11 @@ impl<S: KeyStore> Proxy<S> {
                 key_form,
                 key_form_hold: Arc::default(),
                 held: Arc::default(),
+                admission,
                 faults,
                 store,
                 forwarder,
-                metrics: Arc::new(metrics),
+                metrics,
                 unrouted: Arc::from("-"),
                 tasks: TaskTracker::new(),
                 draining: Arc::default(),
@@ -139,6 +149,7 @@ impl<S: KeyStore> Proxy<S> {
                 key_form: shared.key_form.clone(),
                 key_form_hold: Arc::clone(&shared.key_form_hold),
                 held: Arc::clone(&shared.held),
+                admission: Arc::clone(&shared.admission),
                 faults: Arc::clone(&shared.faults),
                 store: shared.store.clone(),
                 forwarder: shared.forwarder.sibling(),

@@ -1,55 +1,22 @@
 //! One client connection: which protocol it speaks (ALPN, or a peek at HTTP/2's preface),
-//! how long it may take to send its first head, hyper serving it, and why it ended.
+//! how long it may take to send its first head, and serving it: HTTP/1 by this crate's
+//! own server, HTTP/2 by hyper (see `h2`).
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use hyper::body::Incoming;
 use hyper::server::conn::http2;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use hyper_util::server::graceful::Watcher;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::error::Elapsed;
 use tokio_util::sync::CancellationToken;
 
-use crate::problem::ProxyError;
+pub(super) use super::error::ConnError;
 use crate::proxy::Proxy;
 use crate::store::KeyStore;
-
-/// Why a client connection ended badly, for the log and `connection_errors_total`.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum ConnError {
-    #[error("{0}")]
-    Http(Box<dyn std::error::Error + Send + Sync>),
-    #[error("TLS: {0}")]
-    Tls(String),
-    #[error("no request head within the header read timeout")]
-    NoHead,
-    #[error("{0}")]
-    H1(#[from] crate::http1::server::ConnError),
-}
-
-impl ConnError {
-    pub(super) fn kind(&self) -> &'static str {
-        let e = match self {
-            ConnError::Http(e) => e,
-            ConnError::Tls(_) => return "tls_handshake",
-            ConnError::NoHead => return "header_timeout",
-            ConnError::H1(e) => return e.kind(),
-        };
-        match e.downcast_ref::<hyper::Error>() {
-            Some(h) if h.is_timeout() => "header_timeout",
-            Some(h) if h.is_parse_too_large() => "head_too_large",
-            Some(h) if h.is_parse() => "malformed",
-            Some(h) if h.is_incomplete_message() || h.is_closed() => "closed_early",
-            _ => "other",
-        }
-    }
-}
 
 /// The protocol a client connection speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +29,8 @@ pub(super) enum Protocol {
 pub(super) struct Protocols {
     pub(super) h1: crate::http1::server::Limits,
     pub(super) h2: http2::Builder<TokioExecutor>,
+    /// What bounds a connection (HTTP/2's idle and send timeouts).
+    pub(super) limits: crate::config::Limits,
 }
 
 /// The first bytes of every HTTP/2 connection (RFC 9113 §3.4).
@@ -125,54 +94,16 @@ where
         }
         // Boxed: HTTP/2's connection state is larger, and HTTP/1 connections are the many.
         Protocol::Http2 => {
-            let svc = service(proxy, peer);
-            Box::pin(watcher.watch(protocols.h2.serve_connection(TokioIo::new(io), svc)))
-                .await
-                .map_err(|e| ConnError::Http(Box::new(e)))
+            Box::pin(super::h2::serve(
+                &protocols.h2,
+                protocols.limits,
+                io,
+                proxy,
+                peer,
+                draining,
+                watcher,
+            ))
+            .await
         }
     }
-}
-
-pub(super) fn service<S: KeyStore>(
-    proxy: Proxy<S>,
-    peer: SocketAddr,
-) -> impl hyper::service::Service<
-    http::Request<Incoming>,
-    Response = http::Response<crate::body::ProxyBody>,
-    Error = Infallible,
-    Future = impl Future<Output = Result<http::Response<crate::body::ProxyBody>, Infallible>> + Send,
-> + Clone {
-    service_fn(move |req: http::Request<Incoming>| {
-        let proxy = proxy.clone();
-        async move {
-            if let Some(refused) = malformed_h2(&req) {
-                return Ok(refused.into_response_in(&proxy.config().errors));
-            }
-            Ok::<_, Infallible>(proxy.handle(req, peer).await)
-        }
-    })
-}
-
-/// What RFC 9113 §8.3.1 calls malformed and hyper lets through (it already resets streams
-/// with connection-specific fields): `Host` naming another authority than `:authority`,
-/// or more than one `Host`. The upstream is told the host in `X-Forwarded-Host`, so the
-/// two must not disagree.
-fn malformed_h2<B>(req: &http::Request<B>) -> Option<ProxyError> {
-    let mut hosts = req.headers().get_all(http::header::HOST).iter();
-    let host = hosts.next()?;
-    if hosts.next().is_some() {
-        return Some(ProxyError::MalformedH2(
-            "more than one Host field".to_owned(),
-        ));
-    }
-    let authority = req.uri().authority()?;
-    (!host
-        .as_bytes()
-        .eq_ignore_ascii_case(authority.as_str().as_bytes()))
-    .then(|| {
-        ProxyError::MalformedH2(format!(
-            "Host `{}` names another authority than `:authority` `{authority}`",
-            String::from_utf8_lossy(host.as_bytes())
-        ))
-    })
 }

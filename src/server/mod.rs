@@ -25,6 +25,8 @@ use tokio::sync::{Semaphore, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 mod conn;
+mod error;
+mod h2;
 
 use crate::metrics::KindLabel;
 use crate::proxy::Proxy;
@@ -198,8 +200,15 @@ async fn accept<S: KeyStore>(
     };
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
-    let protocols = Arc::new(Protocols { h1: h1_limits, h2 });
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(u32::try_from(limits.http2_max_streams).unwrap_or(u32::MAX))
+        .keep_alive_interval(Some(limits.http2_ping_interval))
+        .keep_alive_timeout(limits.http2_ping_timeout);
+    let protocols = Arc::new(Protocols {
+        h1: h1_limits,
+        h2,
+        limits,
+    });
     let graceful = GracefulShutdown::new();
     // TLS on the listener when configured; HTTP/2 is offered by ALPN.
     let acceptor = proxy
@@ -209,13 +218,6 @@ async fn accept<S: KeyStore>(
         .map(tokio_rustls::TlsAcceptor::from);
     tokio::pin!(shutdown);
     loop {
-        let slot = tokio::select! {
-            slot = Arc::clone(&gate.slots).acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_) => break,
-            },
-            () = &mut shutdown => break,
-        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
@@ -225,6 +227,17 @@ async fn accept<S: KeyStore>(
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
+            },
+            () = &mut shutdown => break,
+        };
+        // The slot is taken after the accept, not before: a thread waiting in `accept`
+        // with a slot in hand would keep it from a connection another thread accepted.
+        // At the limit each thread holds one accepted connection until a slot frees, and
+        // slots go to the waiting threads in turn.
+        let slot = tokio::select! {
+            slot = Arc::clone(&gate.slots).acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
             },
             () = &mut shutdown => break,
         };

@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use http_body::Body;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use http::uri::{PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, Uri, header, request};
@@ -158,6 +158,13 @@ impl Forwarder {
         &self,
         req: Request<ProxyBody>,
     ) -> Result<Response<UpstreamBody>, ForwardError> {
+        self.ready().await?.send(req).await
+    }
+
+    /// A connection to send one request on, within `upstream.max_connections`: what a
+    /// request waits for before a byte of it is sent. A caller that gives up on this wait
+    /// has sent nothing — unlike one that gives up on [`Ready::send`].
+    pub async fn ready(&self) -> Result<Ready, ForwardError> {
         let pool = &self.pool;
         let Ok(permit) = Arc::clone(&pool.permits).acquire_owned().await else {
             return Err(ForwardError::NotSent(
@@ -182,13 +189,40 @@ impl Forwarder {
                 }
             }
         };
+        Ok(Ready {
+            pool: Arc::clone(pool),
+            permit,
+            conn,
+        })
+    }
+
+    /// Most requests in flight to the upstream at once (`upstream.max_connections`).
+    pub fn max_connections(&self) -> usize {
+        self.upstream.max_connections
+    }
+}
+
+/// A connection, and the permit to use it, for one request.
+pub struct Ready {
+    pool: Arc<Pool>,
+    permit: OwnedSemaphorePermit,
+    conn: crate::http1::client::Connection,
+}
+
+impl Ready {
+    /// Sends the request on this connection and returns the answer's head.
+    pub async fn send(
+        self,
+        req: Request<ProxyBody>,
+    ) -> Result<Response<UpstreamBody>, ForwardError> {
+        let Ready { pool, permit, conn } = self;
         let (parts, body) = req.into_parts();
         match conn.send(parts, body).await {
             Ok(resp) => {
                 let (parts, inner) = resp.into_parts();
                 let mut body = UpstreamBody {
                     inner,
-                    pool: Arc::clone(pool),
+                    pool,
                     _permit: permit,
                 };
                 if body.inner.is_end_stream() {

@@ -1,11 +1,12 @@
 //! `FileConfig` → `Config`: defaults, meaning and every cross-field check, with errors that
 //! name the offending key (`routes[1].lease: ...`). One file per section: [`upstream`],
-//! [`store`], [`routes`] (and their [`policy`]), the [`background`] tasks; what is left is
+//! [`store`], [`routes`] (and their [`policy`]), the [`background`] tasks, [`limits`]; what is left is
 //! here.
 
 mod background;
 mod encryption;
 mod keys;
+mod limits;
 mod policy;
 mod routes;
 mod store;
@@ -22,6 +23,7 @@ use crate::config::RouteTable;
 use crate::route::PathPattern;
 use background::{build_reconcile, build_sweep, build_tracing};
 use encryption::build_encryption;
+use limits::build_limits;
 use policy::merge_policy;
 use routes::build_routes;
 use store::build_store;
@@ -142,7 +144,14 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
     }
     let (sweep_interval, sweep_batch, unresolved_retention) =
         build_sweep(&mut problems, file.sweep.as_ref());
-    let limits = build_limits(&mut problems, file.limits.as_ref());
+    let limits = build_limits(
+        &mut problems,
+        file.limits.as_ref(),
+        upstream
+            .as_ref()
+            .map_or(DEFAULT_UPSTREAM_MAX_CONNECTIONS, |u| u.max_connections),
+        matches!(client_id, Some(ClientIdSource::Static(_))),
+    );
     let tls = build_listener_tls(&mut problems, file.tls.as_ref());
 
     let store_timeout = store
@@ -222,38 +231,6 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
         }
         _ => Err(problems.0),
     }
-}
-
-fn build_limits(p: &mut Problems, file: Option<&super::file::FileLimits>) -> Limits {
-    let limits = Limits {
-        max_connections: file
-            .and_then(|l| l.max_connections)
-            .unwrap_or(DEFAULT_MAX_CONNECTIONS),
-        header_read_timeout: file
-            .and_then(|l| l.header_read_timeout)
-            .map_or(DEFAULT_HEADER_READ_TIMEOUT, |d| d.0),
-        body_read_timeout: file
-            .and_then(|l| l.body_read_timeout)
-            .map_or(DEFAULT_BODY_READ_TIMEOUT, |d| d.0),
-        max_header_bytes: file
-            .and_then(|l| l.max_header_bytes)
-            .map_or(DEFAULT_MAX_HEADER_BYTES, |s| {
-                usize::try_from(s.0).unwrap_or(usize::MAX)
-            }),
-    };
-    if limits.max_connections == 0 {
-        p.push("limits.max_connections", "must be at least 1");
-    }
-    if limits.header_read_timeout.is_zero() {
-        p.push("limits.header_read_timeout", "must be more than 0s");
-    }
-    if limits.body_read_timeout.is_zero() {
-        p.push("limits.body_read_timeout", "must be more than 0s");
-    }
-    if !(8192..=1 << 24).contains(&limits.max_header_bytes) {
-        p.push("limits.max_header_bytes", "must be between 8KiB and 16MiB");
-    }
-    limits
 }
 
 fn parse_addr(
