@@ -108,10 +108,7 @@ impl<S: KeyStore> Proxy<S> {
         let key_form = config.key_form();
         let faults = Arc::new(StoreFaults::new(configured_at(&config)));
         let metrics = Arc::new(metrics);
-        let admission = Arc::new(Admission::new(
-            config.limits.detached,
-            Arc::clone(&metrics),
-        ));
+        let admission = Arc::new(Admission::new(config.limits.detached, Arc::clone(&metrics)));
         Self {
             shared: Arc::new(Shared {
                 config,

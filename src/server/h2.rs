@@ -74,7 +74,8 @@ impl Activity {
     fn write_ready(&self, pending: bool) {
         if pending {
             if self.stalled_since.load(Ordering::Relaxed) == 0 {
-                self.stalled_since.store(self.now_ms() + 1, Ordering::Relaxed);
+                self.stalled_since
+                    .store(self.now_ms() + 1, Ordering::Relaxed);
             }
         } else if self.stalled_since.load(Ordering::Relaxed) != 0 {
             self.stalled_since.store(0, Ordering::Relaxed);
@@ -121,8 +122,14 @@ where
     let conn = builder.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
     let mut closing = false;
+    // After a GOAWAY for idleness, how long the peer has to let the connection end
+    // (hyper waits for its answer to a ping first): a peer that does not is dropped.
+    let mut close_by: Option<Instant> = None;
     loop {
-        let next = deadline(&activity, &limits, closing);
+        let mut next = deadline(&activity, &limits, closing);
+        if let Some(by) = close_by {
+            next = next.min(by);
+        }
         tokio::select! {
             done = conn.as_mut() => return done.map_err(|e| ConnError::Http(Box::new(e))),
             () = draining.cancelled(), if !closing => {
@@ -130,6 +137,9 @@ where
                 closing = true;
             }
             () = sleep_until(next) => {
+                if close_by.is_some_and(|by| Instant::now() >= by) {
+                    return Ok(());
+                }
                 let now = activity.now_ms();
                 let stalled = activity.stalled_since.load(Ordering::Relaxed);
                 if stalled != 0 && now + 1 - stalled >= limits.send_timeout.as_millis() as u64 {
@@ -142,6 +152,7 @@ where
                     tracing::debug!(%peer, "closing an idle HTTP/2 connection (limits.http2_idle_timeout)");
                     conn.as_mut().graceful_shutdown();
                     closing = true;
+                    close_by = Some(Instant::now() + limits.http2_ping_timeout);
                 }
             }
         }

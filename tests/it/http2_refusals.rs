@@ -7,29 +7,10 @@ use crate::support;
 
 use std::time::Duration;
 
+use support::h2raw::*;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// An HPACK literal field without indexing, new name, no Huffman (RFC 7541 §6.2.2).
-fn literal(out: &mut Vec<u8>, name: &str, value: &str) {
-    out.push(0x00);
-    for s in [name, value] {
-        assert!(s.len() < 127);
-        out.push(s.len() as u8);
-        out.extend_from_slice(s.as_bytes());
-    }
-}
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
-    out.extend_from_slice(&[kind, flags]);
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
 
 /// How the server ended stream 1.
 #[derive(Debug, PartialEq)]
@@ -64,15 +45,7 @@ async fn send(proxy: std::net::SocketAddr, fields: &[(&str, &str)]) -> Outcome {
     let mut buf = Vec::new();
     let read = async {
         loop {
-            while buf.len() >= 9 {
-                let len = u32::from_be_bytes([0, buf[0], buf[1], buf[2]]) as usize;
-                if buf.len() < 9 + len {
-                    break;
-                }
-                let (kind, flags) = (buf[3], buf[4]);
-                let stream = u32::from_be_bytes([buf[5], buf[6], buf[7], buf[8]]) & 0x7fff_ffff;
-                let payload = buf[9..9 + len].to_vec();
-                buf.drain(..9 + len);
+            while let Some((kind, flags, stream, payload)) = take_frame(&mut buf) {
                 match kind {
                     0x4 if flags & 0x1 == 0 => {
                         conn.write_all(&frame(0x4, 0x1, 0, &[])).await.unwrap();

@@ -29,6 +29,7 @@ mod key_forms;
 mod kubernetes;
 mod operations;
 mod outages;
+mod overload;
 mod paths;
 mod pg_tls;
 mod pgbouncer;

@@ -86,7 +86,10 @@ fn check(p: &mut Problems, limits: &Limits) {
         ("limits.detached.per_connection", d.per_connection),
     ] {
         if value == 0 {
-            p.push(key, "must be at least 1 (a protected request is detached work)");
+            p.push(
+                key,
+                "must be at least 1 (a protected request is detached work)",
+            );
         }
     }
     if d.per_client > d.max {

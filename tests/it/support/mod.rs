@@ -9,6 +9,7 @@ pub mod at_rest;
 pub mod clients;
 pub mod cluster;
 pub mod db;
+pub mod h2raw;
 pub mod proxies;
 pub mod relay;
 pub mod upstream;

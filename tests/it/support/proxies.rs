@@ -135,6 +135,11 @@ impl ProxyProcess {
         self.log.parent().unwrap_or(&self.log)
     }
 
+    /// The process id (0 once it has exited).
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+
     /// SIGKILL: no cleanup, no drain — a crash.
     pub async fn kill(&mut self) {
         self.child.kill().await.unwrap();

@@ -69,6 +69,10 @@ struct UpstreamState {
     behavior: Mutex<Behavior>,
     /// Requests whose answer has been fully produced (after the delay).
     finished: AtomicUsize,
+    /// Executions running now (between arrival and answer, or the proxy giving up), and
+    /// the most at once.
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
     /// Recovery probes answered (`/probe/{key}`), not counted as executions.
     probes: AtomicUsize,
     /// Connections accepted, open now, and open at most at once.
@@ -130,6 +134,11 @@ impl Upstream {
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The most executions that ran at once.
+    pub fn most_in_flight(&self) -> usize {
+        self.state.most_in_flight.load(Ordering::SeqCst)
     }
 
     pub fn executions(&self) -> usize {
@@ -209,6 +218,9 @@ async fn handle_upstream(
     }
     let behavior = st.behavior.lock().unwrap().clone();
     st.executions.fetch_add(1, Ordering::SeqCst);
+    let running = st.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    st.most_in_flight.fetch_max(running, Ordering::SeqCst);
+    let _running = InFlight(Arc::clone(&st));
     st.seen.lock().unwrap().push(Seen {
         method: parts.method.to_string(),
         path: parts
@@ -257,6 +269,15 @@ async fn handle_upstream(
         .body(Full::new(Bytes::from(charge)))
         .unwrap();
     Ok(resp)
+}
+
+/// One execution running; it ends when the handler returns or is dropped.
+struct InFlight(Arc<UpstreamState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 fn percent_decode(text: &str) -> String {
