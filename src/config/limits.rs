@@ -66,12 +66,12 @@ pub struct Detached {
 
 impl Detached {
     /// The default bound for an upstream that takes `upstream_connections` requests at
-    /// once: that many executing, and three times as many waiting for it — 256 at least,
-    /// so that a burst to a small upstream waits for it (within `upstream.timeout`)
-    /// rather than being refused.
+    /// once: that many executing, and three times as many waiting for it — 2048 at least,
+    /// so that a burst of a thousand concurrent requests from one client (half the bound)
+    /// waits for the upstream (within `upstream.timeout`) rather than being refused.
     pub fn default_max(upstream_connections: usize) -> usize {
         upstream_connections
             .saturating_mul(DEFAULT_DETACHED_PER_UPSTREAM_CONNECTION)
-            .max(256)
+            .max(2048)
     }
 }
