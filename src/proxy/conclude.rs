@@ -12,9 +12,8 @@ use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 
 use super::call::Upstream;
-use super::job::{Answer, Outcome};
+use super::job::{Answer, Outcome, answer};
 use super::lease::{Finish, Holder};
-use super::machine::answer;
 use super::state::error_chain;
 use crate::body::{Prefixed, ProxyBody, boxed, full};
 use crate::config::{Ambiguous, Policy};

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Response, request};
+use tokio::sync::oneshot;
 
 use crate::body::ProxyBody;
 use crate::config::Route;
@@ -82,3 +83,25 @@ impl Outcome {
 
 /// What the waiting client handler receives.
 pub(crate) type Answer = (Outcome, Result<Response<ProxyBody>, ProxyError>);
+
+/// Hands the answer to the waiting client handler; a client that left is logged, since
+/// the work it started still ran to its end.
+pub(crate) fn answer(
+    tx: oneshot::Sender<Answer>,
+    outcome: Outcome,
+    result: Result<Response<ProxyBody>, ProxyError>,
+) {
+    let status = match &result {
+        Ok(resp) => resp.status(),
+        Err(e) => e.status(),
+    };
+    if tx.send((outcome, result)).is_err() {
+        // The work a disconnected client started still ran to its end: say how it ended,
+        // so that whoever looks for that payment finds it (the retry is answered from it).
+        tracing::info!(
+            outcome = outcome.as_str(),
+            status = status.as_u16(),
+            "finished after the client left; its retry gets this outcome"
+        );
+    }
+}

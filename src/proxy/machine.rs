@@ -17,7 +17,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use super::admission::Admitted;
 use super::call::{Outgoing, outgoing};
 use super::conclude::conclude;
-pub(crate) use super::job::{Answer, Job, Outcome};
+pub(crate) use super::job::{Answer, Job, Outcome, answer};
 use super::lease::Holder;
 use super::state::Shared;
 use crate::body::{ProxyBody, full};
@@ -238,26 +238,6 @@ pub(crate) fn reserve_request(job: &Job) -> ReserveRequest<'_> {
         retention: policy.retention,
         takeover: policy.takeover == Takeover::Execute,
         derived_key: job.derived_key.as_deref(),
-    }
-}
-
-pub(super) fn answer(
-    tx: oneshot::Sender<Answer>,
-    outcome: Outcome,
-    result: Result<Response<ProxyBody>, ProxyError>,
-) {
-    let status = match &result {
-        Ok(resp) => resp.status(),
-        Err(e) => e.status(),
-    };
-    if tx.send((outcome, result)).is_err() {
-        // The work a disconnected client started still ran to its end: say how it ended,
-        // so that whoever looks for that payment finds it (the retry is answered from it).
-        tracing::info!(
-            outcome = outcome.as_str(),
-            status = status.as_u16(),
-            "finished after the client left; its retry gets this outcome"
-        );
     }
 }
 

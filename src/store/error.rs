@@ -5,6 +5,8 @@
 //! chain and carry no `source`: a log line or a start-up error reads each cause once.
 
 use std::error::Error;
+
+pub use super::describe::describe;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +20,7 @@ pub enum StoreError {
     #[error("cannot connect to PostgreSQL at {target}: {}", describe(.cause))]
     Connect {
         target: Arc<str>,
-        cause: deadpool::managed::PoolError<super::postgres::ConnectError>,
+        cause: deadpool::managed::PoolError<super::connect_error::ConnectError>,
     },
     #[error("store call timed out after {0:?}")]
     Timeout(Duration),
@@ -48,7 +50,7 @@ pub enum StoreError {
 
 impl StoreError {
     /// Whether a TLS handshake with the server failed (see
-    /// `postgres::HandshakeFailed`): a certificate to fix, not an outage to wait out.
+    /// `connect_error::HandshakeFailed`): a certificate to fix, not an outage to wait out.
     pub fn is_tls(&self) -> bool {
         match self {
             StoreError::Shared(e) => e.is_tls(),
@@ -131,13 +133,13 @@ fn server_cannot_serve(code: &str) -> bool {
 pub(super) fn chain_has_handshake(e: &(dyn Error + 'static)) -> bool {
     let mut next: Option<&(dyn Error + 'static)> = Some(e);
     while let Some(e) = next {
-        if e.is::<super::postgres::HandshakeFailed>() {
+        if e.is::<super::connect_error::HandshakeFailed>() {
             return true;
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>()
             && io
                 .get_ref()
-                .is_some_and(|inner| inner.is::<super::postgres::HandshakeFailed>())
+                .is_some_and(|inner| inner.is::<super::connect_error::HandshakeFailed>())
         {
             return true;
         }
@@ -171,70 +173,5 @@ pub(crate) fn sqlite_reason(e: &rusqlite::Error) -> String {
 impl From<tokio_postgres::Error> for StoreError {
     fn from(e: tokio_postgres::Error) -> Self {
         StoreError::Postgres(e)
-    }
-}
-
-/// `err` and its sources, each cause once: a message that already ends with its source's
-/// message is cut before it, and repeats are dropped.
-pub fn describe(err: &(dyn Error + 'static)) -> String {
-    let mut messages = Vec::new();
-    let mut next: Option<&(dyn Error + 'static)> = Some(err);
-    while let Some(e) = next {
-        messages.push(e.to_string());
-        next = e.source();
-    }
-    let mut parts: Vec<String> = Vec::new();
-    for (i, message) in messages.iter().enumerate() {
-        let mut own = message.as_str();
-        for later in &messages[i + 1..] {
-            if let Some(cut) = own.strip_suffix(later.as_str()) {
-                own = cut.trim_end_matches([':', ' ']);
-                break;
-            }
-        }
-        if !own.is_empty() && !parts.iter().any(|p| p == own) {
-            parts.push(own.to_owned());
-        }
-    }
-    parts.join(": ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug)]
-    struct Layer(&'static str, Option<Box<Layer>>);
-
-    impl std::fmt::Display for Layer {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str(self.0)?;
-            if let Some(inner) = &self.1 {
-                write!(f, ": {inner}")?;
-            }
-            Ok(())
-        }
-    }
-
-    impl Error for Layer {
-        fn source(&self) -> Option<&(dyn Error + 'static)> {
-            self.1.as_deref().map(|l| l as &(dyn Error + 'static))
-        }
-    }
-
-    /// A chain whose layers repeat their causes reads each cause once.
-    #[test]
-    fn each_cause_once() {
-        let chain = Layer(
-            "pool",
-            Some(Box::new(Layer(
-                "error connecting to server",
-                Some(Box::new(Layer("Connection refused (os error 111)", None))),
-            ))),
-        );
-        assert_eq!(
-            describe(&chain),
-            "pool: error connecting to server: Connection refused (os error 111)"
-        );
     }
 }

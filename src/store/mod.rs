@@ -6,6 +6,8 @@
 //! over can never overwrite the new owner's row.
 
 mod any;
+mod connect_error;
+mod describe;
 mod embedded;
 mod error;
 mod fault;

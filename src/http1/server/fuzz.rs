@@ -12,7 +12,8 @@
 
 use proptest::prelude::*;
 
-use super::head::{HeadError, parse};
+use super::error::HeadError;
+use super::head::parse;
 use crate::http1::{Decoder, Framing};
 
 const LIMIT: usize = 2048;

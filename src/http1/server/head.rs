@@ -10,13 +10,11 @@
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Version};
 
+use super::error::{HeadError, MAX_HEADERS};
 use super::target::{check_host, target};
 use crate::http1::Framing;
 use crate::http1::fields::{content_length, keeps_alive};
 use crate::http1::grammar::{self, shown};
-
-/// Header fields a head may carry at most (hyper's limit, which this server replaced).
-pub const MAX_HEADERS: usize = 100;
 
 /// A parsed request head.
 #[derive(Debug)]
@@ -27,29 +25,6 @@ pub(super) struct Head {
     pub(super) keep_alive: bool,
     /// `Expect: 100-continue`: the client waits for a go-ahead before sending the body.
     pub(super) expect_continue: bool,
-}
-
-/// Why a head was refused; each is answered before the connection is closed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HeadError {
-    #[error("the request head is larger than {limit} bytes or has more than {MAX_HEADERS} fields")]
-    TooLarge { limit: usize },
-    #[error("the request line is longer than {limit} bytes")]
-    UriTooLong { limit: usize },
-    #[error("{0}")]
-    Malformed(String),
-    #[error("HTTP version `{0}` is not supported (HTTP/1.0 and HTTP/1.1 are)")]
-    Version(String),
-    #[error("transfer coding `{0}` is not supported (only `chunked`)")]
-    UnsupportedCoding(String),
-    #[error("{0}")]
-    Unsupported(String),
-}
-
-impl HeadError {
-    pub(super) fn malformed(what: impl Into<String>) -> Self {
-        HeadError::Malformed(what.into())
-    }
 }
 
 /// Parses the head at the start of `buf`: `Ok(None)` while it is incomplete, or the head

@@ -17,6 +17,7 @@
 //! detached work is not tied to it.
 
 mod body;
+mod error;
 #[cfg(test)]
 mod fuzz;
 mod head;
@@ -31,8 +32,8 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 pub use body::RequestBody;
-pub use head::HeadError;
-pub use head::MAX_HEADERS;
+pub use error::HeadError;
+pub use error::MAX_HEADERS;
 
 use body::Returned;
 use head::Head;

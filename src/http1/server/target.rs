@@ -7,7 +7,7 @@
 
 use http::{HeaderMap, Method, Uri, Version, header};
 
-use super::head::HeadError;
+use super::error::HeadError;
 
 /// Reads a request-target in the form its method allows (RFC 9112 §3.2.1–3.2.4).
 /// `CONNECT` is refused whatever its target: the proxy is not a tunnel.

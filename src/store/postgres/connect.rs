@@ -27,6 +27,7 @@ use tokio_postgres::config::{Host as PgHost, SslMode};
 
 use super::conn::PgConn;
 use super::tls::{PgTlsConnect, PgTlsStream};
+use crate::store::connect_error::{ConnectError, Failure};
 use crate::store::describe;
 use crate::store::error::chain_has_handshake;
 
@@ -300,49 +301,6 @@ fn label(config: &tokio_postgres::Config) -> String {
         None => format!("localhost:{port}"),
     }
 }
-
-/// Why one host's attempt failed.
-#[derive(Debug)]
-pub enum Failure {
-    Postgres(tokio_postgres::Error),
-    TimedOut(Duration),
-}
-
-/// No host took the connection: what each one said.
-#[derive(Debug)]
-pub struct ConnectError {
-    pub attempts: Vec<(String, Failure)>,
-}
-
-impl ConnectError {
-    /// The PostgreSQL errors among the attempts.
-    pub fn errors(&self) -> impl Iterator<Item = &tokio_postgres::Error> {
-        self.attempts.iter().filter_map(|(_, f)| match f {
-            Failure::Postgres(e) => Some(e),
-            Failure::TimedOut(_) => None,
-        })
-    }
-}
-
-impl std::fmt::Display for ConnectError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.attempts.is_empty() {
-            return f.write_str("the connection attempt ended without a result");
-        }
-        for (i, (host, failure)) in self.attempts.iter().enumerate() {
-            if i > 0 {
-                f.write_str("; ")?;
-            }
-            match failure {
-                Failure::Postgres(e) => write!(f, "{host}: {}", describe(e))?,
-                Failure::TimedOut(d) => write!(f, "{host}: no answer within {d:?}")?,
-            }
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConnectError {}
 
 /// Whether an attempt's error means nothing answered (refused, unreachable, reset) rather
 /// than a server that answered (read-only, a wrong password, a TLS handshake).

@@ -17,7 +17,8 @@ use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use tokio::sync::{Notify, Semaphore, oneshot};
 
 use super::conn::PgConn;
-use super::connect::{ConnectError, Connector};
+use super::connect::Connector;
+use crate::store::connect_error::ConnectError;
 
 /// A pooled connection unused for this long is checked (an empty query, bounded by
 /// `connect_timeout`) before it is lent: a host that went silent while the connection

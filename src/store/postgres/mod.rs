@@ -25,9 +25,7 @@ mod tls;
 mod tuning;
 mod unresolved;
 
-pub(super) use connect::ConnectError;
 pub use migrate::{MIGRATIONS, migrate};
-pub(super) use tls::HandshakeFailed;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};

@@ -19,6 +19,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::Socket;
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
 
+use crate::store::connect_error::HandshakeFailed;
+
 /// Makes a TLS connector per host; shared by every connection of a store.
 #[derive(Clone)]
 pub struct PgTlsConnect {
@@ -82,37 +84,9 @@ impl TlsConnect<Socket> for HostTlsConnect {
                     self.used.store(true, Ordering::Relaxed);
                     Ok(PgTlsStream(Box::new(stream)))
                 }
-                Err(e) => Err(io::Error::new(
-                    e.kind(),
-                    HandshakeFailed {
-                        host: self.host,
-                        source: e,
-                    },
-                )),
+                Err(e) => Err(io::Error::new(e.kind(), HandshakeFailed::new(self.host, e))),
             }
         })
-    }
-}
-
-/// A TLS handshake with a PostgreSQL host failed (a certificate that does not verify, a
-/// server that speaks no TLS): not an outage but a configuration to fix, so the store
-/// tells it apart (see [`crate::store::StoreError::is_tls`]).
-#[derive(Debug, thiserror::Error)]
-#[error("TLS with PostgreSQL at {host} failed: {source}{}", hint(.source))]
-pub struct HandshakeFailed {
-    host: String,
-    #[source]
-    source: io::Error,
-}
-
-/// What to do about a handshake failure whose cause alone would not say.
-fn hint(source: &io::Error) -> &'static str {
-    if source.to_string().contains("UnsupportedCertVersion") {
-        " (the server's certificate is X.509 v1, which sslmode=verify-ca and verify-full \
-         cannot verify: reissue it as v3 with the CA, or use sslmode=require, which \
-         encrypts without verifying as libpq does)"
-    } else {
-        ""
     }
 }
 
