@@ -24,3 +24,6 @@ pub use key::{body_key, parse_key};
 pub use live::Reloaded;
 pub use reconcile::Reconciled;
 pub use state::Proxy;
+
+#[cfg(test)]
+mod sizes_tests;
