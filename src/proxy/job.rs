@@ -45,9 +45,16 @@ impl Job {
     }
 }
 
-/// How a protected request ended, for logs and metrics.
+/// How a request ended — one typed value from the state machine to the metrics, the
+/// log and the answer's marks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
+    /// No route protects it (or it carried no key): forwarded as it was.
+    PassedThrough,
+    /// Refused before anything was reserved: the client's to fix.
+    Rejected,
+    /// Refused before anything was reserved: too much detached work in flight.
+    Overloaded,
     Executed,
     Replayed,
     Conflict,
@@ -66,6 +73,9 @@ impl Outcome {
     /// Stable label.
     pub fn as_str(self) -> &'static str {
         match self {
+            Outcome::PassedThrough => "passed_through",
+            Outcome::Rejected => "rejected",
+            Outcome::Overloaded => "overloaded",
             Outcome::Executed => "executed",
             Outcome::Replayed => "replayed",
             Outcome::Conflict => "conflict",

@@ -32,9 +32,9 @@ use crate::store::KeyStore;
 
 /// How a request on a protected route went.
 pub(crate) enum Protected {
-    /// Answered: the outcome label, the answer, and the key when it came from the body.
+    /// Answered: how it ended, the answer, and the key when it came from the body.
     Answered(
-        &'static str,
+        Outcome,
         Result<Response<ProxyBody>, ProxyError>,
         Option<String>,
     ),
@@ -98,7 +98,7 @@ where
             "protected request"
         );
     }
-    Protected::Answered(outcome.as_str(), result, body_key)
+    Protected::Answered(outcome, result, body_key)
 }
 
 /// What a prepared request carries on to its answer: what the request line logs, and the
@@ -136,7 +136,7 @@ fn begin<S: KeyStore>(
     let job = match prepared {
         Ok(Prepared::Job(job)) => Job { trace, ..job },
         Ok(Prepared::Unkeyed(req)) => return Start::Done(Protected::Unkeyed(req)),
-        Err(err) => return Start::Done(Protected::Answered("rejected", Err(err), None)),
+        Err(err) => return Start::Done(Protected::Answered(Outcome::Rejected, Err(err), None)),
     };
     let body_key = job.client_key.clone().map(SentKey::into_string);
     // Logs carry short hashes of the client and of (client, key), never either in clear;
@@ -158,7 +158,11 @@ fn begin<S: KeyStore>(
                     let err = ProxyError::Overloaded {
                         bound: refused.as_str(),
                     };
-                    return Start::Done(Protected::Answered("overloaded", Err(err), body_key));
+                    return Start::Done(Protected::Answered(
+                        Outcome::Overloaded,
+                        Err(err),
+                        body_key,
+                    ));
                 }
             }
         }

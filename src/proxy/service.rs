@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http::{Request, Response, Uri};
 use http_body::Body;
 
+use super::job::Outcome;
 use super::key::{parse_keys, scoped_key};
 use super::protect::{self, Protected};
 use super::state::{Proxy, error_chain};
@@ -67,15 +68,22 @@ impl<S: KeyStore> Proxy<S> {
     {
         let started = std::time::Instant::now();
         // For the error log only; both clones are reference counts, not copies (a
-        // protected request swaps `uri` for a copy of its own: see `handle_inner`).
+        // protected request's own URI comes back in `Handled::uri`).
         let method = req.method().clone();
-        let mut uri = req.uri().clone();
-        let mut marks = None;
-        let mut trace = None;
-        let mut dialect = None;
-        let (route, outcome, result) = self
-            .handle_inner(req, peer, &mut uri, &mut marks, &mut trace, &mut dialect)
-            .await;
+        let uri = req.uri().clone();
+        let Handled {
+            route,
+            outcome,
+            result,
+            uri: routed_uri,
+            protection,
+        } = self.handle_inner(req, peer).await;
+        let uri = routed_uri.unwrap_or(uri);
+        let Protection {
+            marks,
+            dialect,
+            trace,
+        } = protection.unwrap_or_default();
         let status = match &result {
             Ok(resp) => resp.status(),
             Err(err) => err.status(),
@@ -84,59 +92,31 @@ impl<S: KeyStore> Proxy<S> {
             trace.finish(vec![
                 ("http.request.method", method.as_str().into()),
                 ("idemproxy.route", (*route).into()),
-                ("idemproxy.outcome", outcome.into()),
+                ("idemproxy.outcome", outcome.as_str().into()),
                 ("http.response.status_code", status.as_u16().into()),
             ]);
         }
-        self.shared
-            .metrics
-            .observe_request(&route, outcome, status.as_u16(), started.elapsed());
+        self.shared.metrics.observe_request(
+            &route,
+            outcome.as_str(),
+            status.as_u16(),
+            started.elapsed(),
+        );
         let mut resp = match result {
             Ok(resp) => resp,
             Err(err) => {
-                let status = err.status();
-                // A store fault is said once, when it begins (see `faults`), not per
-                // request it refuses.
-                let fault_said =
-                    matches!(&err, ProxyError::StoreUnavailable(e) if e.fault().is_some());
-                // Refusals past a bound come in floods: counted, not logged one by one.
-                let fault_said = fault_said || matches!(err, ProxyError::Overloaded { .. });
-                if fault_said {
-                    tracing::debug!(%method, path = uri.path(), route = &*route, status = status.as_u16(), cause = %error_chain(&err), "request refused: store fault");
-                } else if status.is_server_error() {
-                    tracing::warn!(%method, path = uri.path(), route = &*route, status = status.as_u16(), cause = %error_chain(&err), "request failed");
-                } else if status == http::StatusCode::CONFLICT {
-                    // A duplicate of a request in flight: the normal course of a retry.
-                    tracing::debug!(%method, path = uri.path(), route = &*route, status = status.as_u16(), reason = %err, "request rejected");
-                } else {
-                    // The client's to fix: at info, with the reason, for whoever helps it
-                    // find out why.
-                    tracing::info!(%method, path = uri.path(), route = &*route, status = status.as_u16(), reason = %err, "request rejected");
-                }
+                log_failure(&err, &method, &uri, &route);
                 err.into_response_in(dialect.as_ref().unwrap_or(&self.shared.config.errors))
             }
         };
         if let Some(marks) = marks {
-            marks.apply(&mut resp, outcome == "replayed");
+            marks.apply(&mut resp, outcome == Outcome::Replayed);
         }
         resp
     }
 
-    /// Routes the request; returns the route's name (`-` for none) and the outcome label
-    /// with the result, for metrics.
-    async fn handle_inner<B>(
-        &self,
-        mut req: Box<Request<B>>,
-        peer: SocketAddr,
-        log_uri: &mut Uri,
-        marks: &mut Option<Marks>,
-        trace: &mut Option<Trace>,
-        dialect: &mut Option<Dialect>,
-    ) -> (
-        Arc<str>,
-        &'static str,
-        Result<Response<ProxyBody>, ProxyError>,
-    )
+    /// Routes the request and answers it: passed through, refused, or protected.
+    async fn handle_inner<B>(&self, mut req: Box<Request<B>>, peer: SocketAddr) -> Handled
     where
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
@@ -150,53 +130,44 @@ impl<S: KeyStore> Proxy<S> {
             Ok(Some(routed)) => routed,
             Ok(None) => {
                 let unrouted = Arc::clone(&self.shared.unrouted);
-                return Box::pin(self.pass_through(unrouted, req, peer)).await;
+                return Box::pin(self.pass_through(unrouted, req, peer, None)).await;
             }
-            Err(e) => return (Arc::clone(&self.shared.unrouted), "rejected", Err(e)),
+            Err(e) => {
+                let unrouted = Arc::clone(&self.shared.unrouted);
+                return Handled::new(unrouted, Outcome::Rejected, Err(e), None);
+            }
         };
         // What was matched is what is forwarded. The copy also frees the connection's read
         // buffer, which the URI as read is a slice of, while a protected request waits.
-        *log_uri = uri.clone();
-        *req.uri_mut() = uri;
+        *req.uri_mut() = uri.clone();
         let policy = &route.policy;
-        *dialect = Some(policy.errors.clone());
-        let sent = match parse_keys(req.headers(), &policy.key_headers) {
-            Ok(Some(sent)) => Some(sent),
-            // Looked for in the body once it is read.
-            Ok(None) if policy.key_from_body.is_some() => None,
-            Ok(None) if policy.require_key => {
-                let err = ProxyError::MissingKey {
-                    header: policy.key_header_names(),
-                    body: None,
-                };
-                return (Arc::clone(&route.name), "rejected", Err(err));
+        let mut protection = Protection {
+            marks: None,
+            dialect: Some(policy.errors.clone()),
+            trace: None,
+        };
+        let name = || Arc::clone(&route.name);
+        let sent = match sent_key(&req, policy) {
+            Ok(KeyIn::Header(sent)) => Some(sent),
+            Ok(KeyIn::Body) => None,
+            Ok(KeyIn::Nowhere) => {
+                let handled = Box::pin(self.pass_through(name(), req, peer, Some(protection)));
+                return handled.await.routed(uri);
             }
-            Ok(None) => {
-                return Box::pin(self.pass_through(Arc::clone(&route.name), req, peer)).await;
-            }
-            Err((header, reason)) => {
-                let err = ProxyError::InvalidKey {
-                    header: header.to_string(),
-                    reason,
-                };
-                return (Arc::clone(&route.name), "rejected", Err(err));
+            Err(err) => {
+                return Handled::new(name(), Outcome::Rejected, Err(err), Some(protection))
+                    .routed(uri);
             }
         };
         // From here on every answer is a protected one, marked as such.
-        let echo =
-            |value: http::HeaderValue, header: Option<&http::HeaderName>| match &policy.echo_key {
-                EchoKey::AsSent => header.map(|h| (h.clone(), value)),
-                EchoKey::Named(name) => Some((name.clone(), value)),
-                EchoKey::Off => None,
-            };
         let key = sent
             .as_ref()
             .map(|s| scoped_key(&route.name, &s.key, policy.key_scope));
-        *marks = Some(Marks {
+        protection.marks = Some(Marks {
             replayed: policy.replayed_header.clone(),
             echo: sent
                 .as_ref()
-                .and_then(|s| echo(s.sent.clone(), Some(&s.header))),
+                .and_then(|s| echo(policy, s.sent.clone(), Some(&s.header))),
         });
         // One trace per protected request, the caller's when it sent a traceparent.
         if let (Some(tracer), Some(started)) = (&self.shared.tracer, route_started) {
@@ -207,7 +178,7 @@ impl<S: KeyStore> Proxy<S> {
                 started,
                 vec![("idemproxy.route", (*route.name).into())],
             );
-            *trace = Some(t);
+            protection.trace = Some(t);
         }
         // Boxed: the protected path's state is large, and every request's future (pass
         // through included) would otherwise be as large as it.
@@ -217,23 +188,24 @@ impl<S: KeyStore> Proxy<S> {
             key,
             req,
             peer,
-            trace.clone(),
+            protection.trace.clone(),
         ))
         .await;
         match protected {
             Protected::Answered(outcome, result, body_key) => {
                 // A key from the body is echoed only under a configured name.
-                if let (Some(marks), Some(key)) = (marks.as_mut(), body_key)
+                if let (Some(marks), Some(key)) = (protection.marks.as_mut(), body_key)
                     && let Ok(value) = http::HeaderValue::from_str(&key)
                 {
-                    marks.echo = echo(value, None);
+                    marks.echo = echo(policy, value, None);
                 }
-                (Arc::clone(&route.name), outcome, result)
+                Handled::new(name(), outcome, result, Some(protection)).routed(uri)
             }
             Protected::Unkeyed(req) => {
-                *marks = None;
+                protection.marks = None;
                 let req = Box::new(req);
-                Box::pin(self.pass_through(Arc::clone(&route.name), req, peer)).await
+                let handled = Box::pin(self.pass_through(name(), req, peer, Some(protection)));
+                handled.await.routed(uri)
             }
         }
     }
@@ -264,11 +236,8 @@ impl<S: KeyStore> Proxy<S> {
         route: Arc<str>,
         req: Box<Request<B>>,
         peer: SocketAddr,
-    ) -> (
-        Arc<str>,
-        &'static str,
-        Result<Response<ProxyBody>, ProxyError>,
-    )
+        protection: Option<Protection>,
+    ) -> Handled
     where
         B: Body<Data = Bytes> + Send + Sync + 'static,
         B::Error: Into<BoxError>,
@@ -281,11 +250,8 @@ impl<S: KeyStore> Proxy<S> {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
                 client_head(&mut parts);
-                return (
-                    route,
-                    "passed_through",
-                    Ok(Response::from_parts(parts, boxed(body))),
-                );
+                let resp = Ok(Response::from_parts(parts, boxed(body)));
+                return Handled::new(route, Outcome::PassedThrough, resp, protection);
             }
             Err(_) => ("timeout", ProxyError::UpstreamTimeout),
             Ok(Err(ForwardError::NotSent(e))) => ("not_sent", ProxyError::UpstreamUnreachable(e)),
@@ -296,7 +262,112 @@ impl<S: KeyStore> Proxy<S> {
             .upstream_errors
             .get_or_create(&KindLabel { kind })
             .inc();
-        (route, "upstream_error", Err(err))
+        Handled::new(route, Outcome::UpstreamError, Err(err), protection)
+    }
+}
+
+/// How a request was handled: everything the metrics, the log and the answer need, in one
+/// value.
+struct Handled {
+    /// The route's name (`-` for none).
+    route: Arc<str>,
+    outcome: Outcome,
+    result: Result<Response<ProxyBody>, ProxyError>,
+    /// The URI in the route's spelling, for the log, when a route matched.
+    uri: Option<Uri>,
+    /// What a request on a route carries to its answer.
+    protection: Option<Protection>,
+}
+
+impl Handled {
+    fn new(
+        route: Arc<str>,
+        outcome: Outcome,
+        result: Result<Response<ProxyBody>, ProxyError>,
+        protection: Option<Protection>,
+    ) -> Self {
+        Self {
+            route,
+            outcome,
+            result,
+            uri: None,
+            protection,
+        }
+    }
+
+    fn routed(self, uri: Uri) -> Self {
+        Self {
+            uri: Some(uri),
+            ..self
+        }
+    }
+}
+
+/// What a request on a route carries to its answer: the marks of a protected answer, the
+/// route's error dialect, and its trace.
+#[derive(Default)]
+struct Protection {
+    marks: Option<Marks>,
+    dialect: Option<Dialect>,
+    trace: Option<Trace>,
+}
+
+/// Where a request on a route carries its key.
+enum KeyIn {
+    Header(super::key::HeaderKey),
+    /// Looked for in the body once it is read (`key_from.body`).
+    Body,
+    /// Nowhere, and the route does not require one: forwarded unprotected.
+    Nowhere,
+}
+
+/// Where `req` carries its key on a route with `policy`, or why it is refused.
+fn sent_key<B>(req: &Request<B>, policy: &crate::config::Policy) -> Result<KeyIn, ProxyError> {
+    match parse_keys(req.headers(), &policy.key_headers) {
+        Ok(Some(sent)) => Ok(KeyIn::Header(sent)),
+        Ok(None) if policy.key_from_body.is_some() => Ok(KeyIn::Body),
+        Ok(None) if policy.require_key => Err(ProxyError::MissingKey {
+            header: policy.key_header_names(),
+            body: None,
+        }),
+        Ok(None) => Ok(KeyIn::Nowhere),
+        Err((header, reason)) => Err(ProxyError::InvalidKey {
+            header: header.to_string(),
+            reason,
+        }),
+    }
+}
+
+/// The key echoed on a protected answer, as the route's `echo_key` says.
+fn echo(
+    policy: &crate::config::Policy,
+    value: http::HeaderValue,
+    header: Option<&http::HeaderName>,
+) -> Option<(http::HeaderName, http::HeaderValue)> {
+    match &policy.echo_key {
+        EchoKey::AsSent => header.map(|h| (h.clone(), value)),
+        EchoKey::Named(name) => Some((name.clone(), value)),
+        EchoKey::Off => None,
+    }
+}
+
+/// Logs a failed request once: store faults and overload are said elsewhere (once per
+/// fault, or at most every few seconds), a duplicate in flight at debug, the client's own
+/// mistakes at info, everything else at warning.
+fn log_failure(err: &ProxyError, method: &http::Method, uri: &Uri, route: &str) {
+    let status = err.status();
+    let said_elsewhere = matches!(err, ProxyError::StoreUnavailable(e) if e.fault().is_some())
+        || matches!(err, ProxyError::Overloaded { .. });
+    if said_elsewhere {
+        tracing::debug!(%method, path = uri.path(), route, status = status.as_u16(), cause = %error_chain(err), "request refused: said once elsewhere");
+    } else if status.is_server_error() {
+        tracing::warn!(%method, path = uri.path(), route, status = status.as_u16(), cause = %error_chain(err), "request failed");
+    } else if status == http::StatusCode::CONFLICT {
+        // A duplicate of a request in flight: the normal course of a retry.
+        tracing::debug!(%method, path = uri.path(), route, status = status.as_u16(), reason = %err, "request rejected");
+    } else {
+        // The client's to fix: at info, with the reason, for whoever helps it find out why.
+        tracing::info!(%method, path = uri.path(), route, status = status.as_u16(), reason = %err, "request rejected");
     }
 }
 
