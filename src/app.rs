@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 
 use crate::background::Background;
 use crate::proxy::Proxy;
-use crate::store::{KeyStore, Reseal};
+use crate::store::Store;
 
 /// A proxy with its admin listener and background loops running.
 pub struct App<S> {
@@ -20,7 +20,7 @@ pub struct App<S> {
     background: Background,
 }
 
-impl<S: KeyStore + Reseal + Clone> App<S> {
+impl<S: Store + Clone> App<S> {
     /// Serves the admin API on `admin_listener` and starts the background loops that
     /// `proxy`'s configuration asks for.
     pub fn start(proxy: Proxy<S>, admin_listener: TcpListener) -> Self {

@@ -31,7 +31,7 @@ use tokio::net::TcpListener;
 
 use crate::body::{ProxyBody, full};
 use crate::proxy::Proxy;
-use crate::store::{KeyStore, Reseal, StoreError};
+use crate::store::{Health, Inspect, KeyStore, Reseal, StoreError};
 use error::AdminError;
 
 mod error;
@@ -45,7 +45,7 @@ use view::KeyView;
 const MAX_STUCK: i64 = 1000;
 
 /// Serves the admin endpoints until `shutdown` resolves.
-pub async fn run<S: KeyStore + Reseal>(
+pub async fn run<S: KeyStore + Inspect + Health + Reseal>(
     listener: TcpListener,
     proxy: Proxy<S>,
     token: Option<String>,
@@ -82,7 +82,7 @@ pub async fn run<S: KeyStore + Reseal>(
 
 /// `/readyz`: ready while the proxy takes requests and the store answers with a migrated
 /// schema; each "not ready" says why, so that an operator knows where to look.
-async fn ready<S: KeyStore>(proxy: &Proxy<S>) -> Response<ProxyBody> {
+async fn ready<S: KeyStore + Health>(proxy: &Proxy<S>) -> Response<ProxyBody> {
     if proxy.is_draining() {
         return AdminError::ShuttingDown(
             "The proxy is shutting down: it finishes the requests in flight and takes no new ones."
@@ -133,7 +133,7 @@ async fn ready<S: KeyStore>(proxy: &Proxy<S>) -> Response<ProxyBody> {
 }
 
 /// Answers one admin request.
-pub async fn handle<S: KeyStore + Reseal>(
+pub async fn handle<S: KeyStore + Inspect + Health + Reseal>(
     proxy: &Proxy<S>,
     token: Option<&str>,
     req: Request<Incoming>,
@@ -206,7 +206,7 @@ pub async fn handle<S: KeyStore + Reseal>(
     }
 }
 
-async fn admin<S: KeyStore + Reseal>(
+async fn admin<S: KeyStore + Inspect + Reseal>(
     proxy: &Proxy<S>,
     method: &Method,
     path: &str,

@@ -24,7 +24,7 @@ use crate::body::ProxyBody;
 use crate::config::DEFAULT_RETENTION;
 use crate::key::hex;
 use crate::proxy::Proxy;
-use crate::store::{Completion, Fence, Fenced, KeyState, KeyStore, StoredResponse};
+use crate::store::{Completion, Fence, Fenced, Inspect, KeyState, KeyStore, StoredResponse};
 use crate::stored::encode_block;
 
 /// Largest resolution body accepted.
@@ -44,7 +44,7 @@ struct Resolution {
 
 /// Handles the request for `rest` (`{client_id}/{key}`, percent-encoded): reads its body
 /// and resolves the key.
-pub(super) async fn request<S: KeyStore>(
+pub(super) async fn request<S: KeyStore + Inspect>(
     proxy: &Proxy<S>,
     rest: &str,
     token: Option<&str>,
@@ -86,7 +86,11 @@ pub(super) async fn request<S: KeyStore>(
 /// The store's key for the one an operator gave: the client's key — hashed, when the
 /// store keeps keys hashed (`encryption.hash_keys`) — or, when no row has that and it is
 /// shaped like one, the stored form itself, as copied from `/admin/stuck`.
-pub(super) async fn stored_key<S: KeyStore>(proxy: &Proxy<S>, client: &str, key: String) -> String {
+pub(super) async fn stored_key<S: KeyStore + Inspect>(
+    proxy: &Proxy<S>,
+    client: &str,
+    key: String,
+) -> String {
     let form = proxy.key_form();
     if !form.is_hashed() {
         return key;
@@ -102,7 +106,7 @@ pub(super) async fn stored_key<S: KeyStore>(proxy: &Proxy<S>, client: &str, key:
 
 /// Resolves `(client, key)` (the stored key; `logged`, its hash in log lines) as `body` says;
 /// `who` names the operator in the audit line.
-async fn resolve<S: KeyStore>(
+async fn resolve<S: KeyStore + Inspect>(
     proxy: &Proxy<S>,
     client: &str,
     key: &str,

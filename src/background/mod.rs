@@ -14,7 +14,7 @@ pub mod sweep;
 use tokio::task::JoinHandle;
 
 use crate::proxy::Proxy;
-use crate::store::KeyStore;
+use crate::store::{Health, KeyStore, Maintenance};
 
 /// The background loops of one proxy, started together and stopped together (also when
 /// dropped).
@@ -25,7 +25,7 @@ pub struct Background {
 impl Background {
     /// Starts the loops `proxy`'s configuration asks for: the sweep and the unresolved-keys
     /// gauge always, the reconciler when `reconcile:` turns it on.
-    pub fn start<S: KeyStore + Clone>(proxy: &Proxy<S>) -> Self {
+    pub fn start<S: KeyStore + Maintenance + Health + Clone>(proxy: &Proxy<S>) -> Self {
         let config = proxy.config();
         let mut tasks = vec![
             tokio::spawn(sweep::run(

@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use crate::config::Reconcile;
 use crate::proxy::{Proxy, Reconciled};
-use crate::store::KeyStore;
+use crate::store::{KeyStore, Maintenance};
 
 /// How often the unresolved-keys gauge is brought up to date.
 pub const UNRESOLVED_COUNT_INTERVAL: Duration = Duration::from_secs(15);
 
 /// Reconciles every `reconcile.interval` for as long as it is polled, then brings the
 /// unresolved-keys gauge up to date.
-pub async fn run<S: KeyStore>(proxy: Proxy<S>, reconcile: Reconcile) {
+pub async fn run<S: KeyStore + Maintenance>(proxy: Proxy<S>, reconcile: Reconcile) {
     loop {
         tokio::time::sleep(reconcile.interval).await;
         match proxy.reconcile_once(reconcile).await {
@@ -32,7 +32,7 @@ pub async fn run<S: KeyStore>(proxy: Proxy<S>, reconcile: Reconcile) {
 }
 
 /// Counts unresolved keys every `every`, for as long as it is polled.
-pub async fn run_count<S: KeyStore>(proxy: Proxy<S>, every: Duration) {
+pub async fn run_count<S: KeyStore + Maintenance>(proxy: Proxy<S>, every: Duration) {
     loop {
         proxy.count_unresolved().await;
         tokio::time::sleep(every).await;

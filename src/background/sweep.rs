@@ -10,11 +10,11 @@
 use std::time::Duration;
 
 use crate::metrics::Metrics;
-use crate::store::{KeyStore, StoreError};
+use crate::store::{Maintenance, StoreError};
 
 /// One full pass: batches until a batch comes back short, then (with `unresolved_for`)
 /// the unresolved keys past that bound. Returns the rows deleted.
-pub async fn once<S: KeyStore>(
+pub async fn once<S: Maintenance>(
     store: &S,
     batch: i64,
     unresolved_for: Option<Duration>,
@@ -27,7 +27,7 @@ pub async fn once<S: KeyStore>(
     Ok(total)
 }
 
-async fn sweep_completed<S: KeyStore>(
+async fn sweep_completed<S: Maintenance>(
     store: &S,
     batch: i64,
     metrics: &Metrics,
@@ -50,7 +50,7 @@ async fn sweep_completed<S: KeyStore>(
 }
 
 /// Deletes unresolved keys whose lease ran out more than `bound` ago, each logged.
-async fn sweep_unresolved<S: KeyStore>(
+async fn sweep_unresolved<S: Maintenance>(
     store: &S,
     bound: Duration,
     batch: i64,
@@ -83,7 +83,7 @@ async fn sweep_unresolved<S: KeyStore>(
 }
 
 /// Sweeps every `interval` for as long as it is polled.
-pub async fn run<S: KeyStore>(
+pub async fn run<S: Maintenance>(
     store: S,
     interval: Duration,
     batch: i64,

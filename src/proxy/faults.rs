@@ -67,13 +67,14 @@ pub struct StoreFaults {
     /// Whether `current` holds a fault: read without the lock on every store call.
     active: AtomicBool,
     current: Mutex<Option<Fault>>,
-    /// Where the store is when it cannot say so itself (the embedded store's file).
+    /// Where the store is configured to be (the embedded store's file, PostgreSQL's
+    /// hosts), when its error does not say which it tried.
     configured_at: Option<String>,
 }
 
 impl StoreFaults {
-    /// Faults of a store configured at `at` (the embedded store's file; `None` for a
-    /// server, which says where it is connected).
+    /// Faults of a store configured at `at` (the embedded store's file, PostgreSQL's
+    /// hosts).
     pub fn new(at: Option<String>) -> Self {
         Self {
             configured_at: at,
@@ -82,7 +83,7 @@ impl StoreFaults {
     }
 
     /// A store call failed with `e`; `at` says where the store is.
-    pub fn met(&self, e: &StoreError, metrics: &Metrics, at: impl FnOnce() -> Option<String>) {
+    pub fn met(&self, e: &StoreError, metrics: &Metrics) {
         let Some(kind) = e.fault() else {
             return;
         };
@@ -115,7 +116,7 @@ impl StoreFaults {
         let fault = Fault {
             kind,
             store: e.backend().unwrap_or("store"),
-            at: at().or_else(|| self.configured_at.clone()),
+            at: e.target().or_else(|| self.configured_at.clone()),
             sqlstate: e.sqlstate().map(str::to_owned),
             reason: describe(e),
             since: SystemTime::now(),

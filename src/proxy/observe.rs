@@ -78,7 +78,7 @@ impl<S: KeyStore> Observed<'_, S> {
                     self.held.store_answered();
                 }
             }
-            Err(e) => self.faults.met(e, self.metrics, || self.store.location()),
+            Err(e) => self.faults.met(e, self.metrics),
         }
     }
 

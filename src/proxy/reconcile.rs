@@ -24,7 +24,7 @@ use super::state::{Proxy, Shared};
 use crate::config::{Reconcile, Route};
 use crate::key::derived_key;
 use crate::metrics::{RouteName, RouteOutcome};
-use crate::store::{Claim, KeyStore, StoreError};
+use crate::store::{Claim, KeyStore, Maintenance, StoreError};
 
 /// Probes in flight at once per pass; the others wait their turn with their lease renewed.
 const PROBES_AT_ONCE: usize = 4;
@@ -42,7 +42,7 @@ pub struct Reconciled {
     pub inconclusive: u64,
 }
 
-impl<S: KeyStore> Proxy<S> {
+impl<S: KeyStore + Maintenance> Proxy<S> {
     /// One pass: claims up to `reconcile.batch` due unresolved keys and settles each.
     pub async fn reconcile_once(&self, reconcile: Reconcile) -> Result<Reconciled, StoreError> {
         let shared = &self.shared;
@@ -117,7 +117,7 @@ impl Said {
 }
 
 /// Asks the probe about one claimed key and ends the claim as it says.
-async fn settle<S: KeyStore>(
+async fn settle<S: KeyStore + Maintenance>(
     shared: &Shared<S>,
     route: &Arc<Route>,
     claim: Claim,

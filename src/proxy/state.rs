@@ -238,11 +238,11 @@ impl<S: KeyStore> Proxy<S> {
     }
 }
 
-/// Where the configured store is, when the store cannot say so itself.
+/// Where the configured store is: the embedded store's file, or PostgreSQL's hosts.
 fn configured_at(config: &Config) -> Option<String> {
     match &config.store {
         crate::config::StoreConfig::Embedded { path, .. } => Some(path.display().to_string()),
-        crate::config::StoreConfig::Postgres(_) => None,
+        crate::config::StoreConfig::Postgres(pg) => Some(pg.target()),
     }
 }
 

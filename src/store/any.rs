@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::contract::{Health, Inspect, KeyStore, Maintenance};
+use super::reseal::{Reseal, StoredRow};
 use super::types::*;
 use super::writes::{Write, WriteBatch, Written};
 use super::{EmbeddedStore, PgStore};
@@ -92,18 +94,12 @@ impl KeyStore for AnyStore {
         delegate!(self, s => s.release(fence).await)
     }
 
-    async fn lookup(&self, client_id: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
-        delegate!(self, s => s.lookup(client_id, key).await)
+    fn subscribe(&self, id: KeyId) -> Arc<Notify> {
+        delegate!(self, s => s.subscribe(id))
     }
+}
 
-    async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
-        delegate!(self, s => s.evict(client_id, key).await)
-    }
-
-    async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
-        delegate!(self, s => s.stuck(limit).await)
-    }
-
+impl Maintenance for AnyStore {
     async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
         delegate!(self, s => s.sweep(batch).await)
     }
@@ -137,13 +133,25 @@ impl KeyStore for AnyStore {
     async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
         delegate!(self, s => s.unresolved_counts().await)
     }
+}
 
-    fn pool_status(&self) -> Option<PoolStatus> {
-        delegate!(self, s => s.pool_status())
+impl Inspect for AnyStore {
+    async fn lookup(&self, client_id: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
+        delegate!(self, s => s.lookup(client_id, key).await)
     }
 
-    fn subscribe(&self, id: KeyId) -> Arc<Notify> {
-        delegate!(self, s => s.subscribe(id))
+    async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
+        delegate!(self, s => s.evict(client_id, key).await)
+    }
+
+    async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
+        delegate!(self, s => s.stuck(limit).await)
+    }
+}
+
+impl Health for AnyStore {
+    fn pool_status(&self) -> Option<PoolStatus> {
+        delegate!(self, s => s.pool_status())
     }
 
     fn replay_cache(&self) -> Option<CacheStatus> {
@@ -162,5 +170,33 @@ impl KeyStore for AnyStore {
 impl WriteBatch for AnyStore {
     async fn write_batch(&self, writes: Vec<Write>) -> Vec<Result<Written, StoreError>> {
         delegate!(self, s => s.write_batch(writes).await)
+    }
+}
+
+impl Reseal for AnyStore {
+    async fn not_sealed_with(
+        &self,
+        active: &str,
+        after: Option<(&str, &str)>,
+        limit: i64,
+    ) -> Result<Vec<StoredRow>, StoreError> {
+        match self {
+            AnyStore::Postgres(s) => s.not_sealed_with(active, after, limit).await,
+            AnyStore::Embedded(s) => s.not_sealed_with(active, after, limit).await,
+        }
+    }
+
+    async fn reseal(&self, row: &StoredRow, answer: &StoredResponse) -> Result<Fenced, StoreError> {
+        match self {
+            AnyStore::Postgres(s) => s.reseal(row, answer).await,
+            AnyStore::Embedded(s) => s.reseal(row, answer).await,
+        }
+    }
+
+    async fn forget_replaced(&self) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Postgres(s) => s.forget_replaced().await,
+            AnyStore::Embedded(s) => s.forget_replaced().await,
+        }
     }
 }

@@ -114,6 +114,16 @@ impl StoreError {
         }
     }
 
+    /// Where the failed call went, when the error says (the hosts a connection was tried
+    /// on).
+    pub fn target(&self) -> Option<String> {
+        match self {
+            StoreError::Shared(e) => e.target(),
+            StoreError::Connect { target, .. } => Some(target.to_string()),
+            _ => None,
+        }
+    }
+
     /// Which store said it: `postgres` or `embedded` (`None` when the error does not tell).
     pub fn backend(&self) -> Option<&'static str> {
         match self {

@@ -7,6 +7,7 @@
 
 mod any;
 mod connect_error;
+mod contract;
 mod describe;
 mod embedded;
 mod error;
@@ -22,6 +23,7 @@ mod waiters;
 mod writes;
 
 pub use any::AnyStore;
+pub use contract::{Health, Inspect, KeyStore, Maintenance, Store};
 pub use embedded::EmbeddedStore;
 pub use error::StoreError;
 pub use error::describe;
@@ -32,8 +34,8 @@ pub use rehash::{RehashKeys, Rehashed};
 pub use replay_cache::ReplayCache;
 pub use reseal::{Reseal, StoredRow};
 pub use types::{
-    CacheStatus, Claim, Completion, Fence, Fenced, KeyRecord, KeyState, KeyStore, Lease,
-    PoolStatus, Reservation, ReserveRequest,
+    CacheStatus, Claim, Completion, Fence, Fenced, KeyRecord, KeyState, Lease, PoolStatus,
+    Reservation, ReserveRequest,
 };
 pub use waiters::Waiters;
 pub use writes::{Reserve, Write, WriteBatch, Written};

@@ -11,7 +11,6 @@ use std::future::Future;
 
 use bytes::Bytes;
 
-use super::any::AnyStore;
 use super::types::{Fenced, Seal, StoreError, StoredResponse};
 
 /// A completed row's answer as stored.
@@ -77,32 +76,4 @@ pub(super) fn row(
 
 pub(super) fn sealed_key_id(answer: &StoredResponse) -> Option<&str> {
     answer.sealed.as_ref().map(|s| s.key_id.as_str())
-}
-
-impl Reseal for AnyStore {
-    async fn not_sealed_with(
-        &self,
-        active: &str,
-        after: Option<(&str, &str)>,
-        limit: i64,
-    ) -> Result<Vec<StoredRow>, StoreError> {
-        match self {
-            AnyStore::Postgres(s) => s.not_sealed_with(active, after, limit).await,
-            AnyStore::Embedded(s) => s.not_sealed_with(active, after, limit).await,
-        }
-    }
-
-    async fn reseal(&self, row: &StoredRow, answer: &StoredResponse) -> Result<Fenced, StoreError> {
-        match self {
-            AnyStore::Postgres(s) => s.reseal(row, answer).await,
-            AnyStore::Embedded(s) => s.reseal(row, answer).await,
-        }
-    }
-
-    async fn forget_replaced(&self) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Postgres(s) => s.forget_replaced().await,
-            AnyStore::Embedded(s) => s.forget_replaced().await,
-        }
-    }
 }

@@ -475,7 +475,7 @@ async fn index_builds_survive_concurrent_migrators_and_a_failed_build() {
 /// reconciler's columns start empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_embedded_file_of_the_previous_release_is_upgraded() {
-    use idemproxy::store::{EmbeddedStore, KeyStore};
+    use idemproxy::store::{EmbeddedStore, Inspect, Maintenance};
     let dir = TempDir::new("upgrade");
     let path = dir.0.join("keys.db");
     {

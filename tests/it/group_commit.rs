@@ -8,8 +8,8 @@ use crate::support;
 use std::time::Duration;
 
 use idemproxy::store::{
-    Completion, Fence, Fenced, KeyStore, Lease, Reservation, Reserve, StoreError, StoredResponse,
-    Write, WriteBatch, Written, key_id,
+    Completion, Fence, Fenced, Health, Inspect, KeyStore, Lease, Reservation, Reserve, StoreError,
+    StoredResponse, Write, WriteBatch, Written, key_id,
 };
 use support::*;
 
@@ -370,11 +370,7 @@ async fn writes_queued_behind_an_abandoned_lone_write_are_answered() {
         .map(|k| tokio::spawn(request(k)))
         .collect();
     let waiting = eventually(Duration::from_secs(30), || async {
-        (idemproxy::store::KeyStore::pool_status(&store)
-            .unwrap()
-            .waiting
-            == 3)
-            .then_some(())
+        (Health::pool_status(&store).unwrap().waiting == 3).then_some(())
     })
     .await;
     assert!(waiting.is_some(), "the three did not queue");

@@ -10,7 +10,7 @@ use crate::support;
 use std::path::Path;
 use std::time::Duration;
 
-use idemproxy::store::{KeyFormAgreement, KeyStore, SettleKeyForm};
+use idemproxy::store::{Inspect, KeyFormAgreement, KeyStore, SettleKeyForm};
 use support::at_rest::*;
 use support::*;
 

@@ -5,7 +5,7 @@ use crate::support;
 use std::time::Duration;
 
 use idemproxy::store::{
-    Completion, Fence, Fenced, KeyStore, Reservation, ReserveRequest, StoredResponse,
+    Completion, Fence, Fenced, KeyStore, Maintenance, Reservation, ReserveRequest, StoredResponse,
 };
 use support::*;
 

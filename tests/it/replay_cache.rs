@@ -6,7 +6,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use idemproxy::store::KeyStore;
+use idemproxy::store::Maintenance;
 use support::*;
 
 const BODY: &str = r#"{"amount":100,"currency":"RUB","recipient":"shop-1","purpose":"order-1"}"#;

@@ -231,7 +231,7 @@ async fn embedded_disk_full(never: bool) {
     proxy.stop().await;
     let store = EmbeddedStore::open(&path, Duration::from_secs(1)).unwrap();
     for i in 0..KEYS {
-        use idemproxy::store::KeyStore;
+        use idemproxy::store::Inspect;
         let record = store.lookup("shop-1", &format!("k{i}")).await.unwrap();
         assert_eq!(record.map(|r| r.state), Some(KeyState::Done), "k{i}");
     }

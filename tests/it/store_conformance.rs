@@ -8,8 +8,9 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use idemproxy::store::{
-    AnyStore, Claim, Completion, Fence, Fenced, KeyId, KeyRecord, KeyStore, Lease, PoolStatus,
-    Reservation, ReserveRequest, StoreError, StoredResponse, Write, WriteBatch, Written,
+    AnyStore, Claim, Completion, Fence, Fenced, Health, Inspect, KeyId, KeyRecord, KeyStore, Lease,
+    Maintenance, PoolStatus, Reservation, ReserveRequest, StoreError, StoredResponse, Write,
+    WriteBatch, Written,
 };
 use support::*;
 use tokio::sync::Notify;
@@ -70,31 +71,33 @@ impl KeyStore for Store {
             .await?
             .into_reservation()
     }
+
     async fn renew(&self, fence: &Fence, lease: Duration) -> Result<Fenced, StoreError> {
         self.inner.renew(fence, lease).await
     }
+
     async fn complete(&self, fence: &Fence, completion: &Completion) -> Result<Fenced, StoreError> {
         self.write(Write::Complete(fence.clone(), completion.clone()))
             .await?
             .into_fenced()
     }
+
     async fn release(&self, fence: &Fence) -> Result<Fenced, StoreError> {
         self.write(Write::Release(fence.clone()))
             .await?
             .into_fenced()
     }
-    async fn lookup(&self, client_id: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
-        self.inner.lookup(client_id, key).await
+
+    fn subscribe(&self, id: KeyId) -> Arc<Notify> {
+        self.inner.subscribe(id)
     }
-    async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
-        self.inner.evict(client_id, key).await
-    }
-    async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
-        self.inner.stuck(limit).await
-    }
+}
+
+impl Maintenance for Store {
     async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
         self.inner.sweep(batch).await
     }
+
     async fn sweep_unresolved(
         &self,
         unresolved_for: Duration,
@@ -102,6 +105,7 @@ impl KeyStore for Store {
     ) -> Result<Vec<KeyRecord>, StoreError> {
         self.inner.sweep_unresolved(unresolved_for, batch).await
     }
+
     async fn claim_unresolved(
         &self,
         routes: &[&str],
@@ -110,6 +114,7 @@ impl KeyStore for Store {
     ) -> Result<Vec<Claim>, StoreError> {
         self.inner.claim_unresolved(routes, lease, limit).await
     }
+
     async fn defer(
         &self,
         fence: &Fence,
@@ -118,15 +123,31 @@ impl KeyStore for Store {
     ) -> Result<Fenced, StoreError> {
         self.inner.defer(fence, unresolved_since_ms, retry_in).await
     }
+
     async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
         self.inner.unresolved_counts().await
     }
-    fn subscribe(&self, id: KeyId) -> Arc<Notify> {
-        self.inner.subscribe(id)
+}
+
+impl Inspect for Store {
+    async fn lookup(&self, client_id: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
+        self.inner.lookup(client_id, key).await
     }
+
+    async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
+        self.inner.evict(client_id, key).await
+    }
+
+    async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
+        self.inner.stuck(limit).await
+    }
+}
+
+impl Health for Store {
     fn pool_status(&self) -> Option<PoolStatus> {
         self.inner.pool_status()
     }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
     }

@@ -122,7 +122,7 @@ async fn rehash_keys(args: &cli::StoreArgs) -> anyhow::Result<()> {
     };
     let store = AnyStore::open_for_process(&config.store, false)
         .context("opening the store (stop the proxy that serves it first)")?;
-    idemproxy::store::KeyStore::ping(&store)
+    idemproxy::store::Health::ping(&store)
         .await
         .context("checking the store")?;
     let vault = encryption.vault();
@@ -159,7 +159,7 @@ async fn rekey(args: &cli::RekeyArgs) -> anyhow::Result<()> {
     let store = AnyStore::open_for_process(&config.store, false).context(
         "opening the store (an embedded store that a running proxy serves is locked by it: ask that proxy instead, POST /admin/rekey on its admin listener)",
     )?;
-    idemproxy::store::KeyStore::ping(&store)
+    idemproxy::store::Health::ping(&store)
         .await
         .context("checking the store")?;
     let report = idemproxy::background::rekey::once(&store, &encryption.vault(), args.batch)

@@ -7,7 +7,7 @@ use anyhow::{Context, bail};
 use idemproxy::app::App;
 use idemproxy::config::{self, Config, StoreConfig};
 use idemproxy::proxy::Proxy;
-use idemproxy::store::{AnyStore, KeyFormAgreement, KeyStore, PgStore, SettleKeyForm, StoreError};
+use idemproxy::store::{AnyStore, Health, KeyFormAgreement, PgStore, SettleKeyForm, StoreError};
 use tokio::net::TcpListener;
 
 use crate::commands::apply_migrations;

@@ -30,6 +30,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::Notify;
 
 use crate::store::Waiters;
+use crate::store::contract::{Health, Inspect, KeyStore, Maintenance};
 use crate::store::group_commit::GroupCommit;
 use crate::store::replay_cache::{ReplayCache, cached_in, reserve_through};
 use crate::store::types::*;
@@ -281,41 +282,12 @@ impl KeyStore for EmbeddedStore {
             .into_fenced()
     }
 
-    async fn lookup(&self, client_id: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
-        let (client_id, key) = (client_id.to_owned(), key.to_owned());
-        self.call(move |conn| {
-            let sql = format!(
-                "SELECT {RECORD_COLUMNS} FROM idempotency_keys WHERE client_id = ?1 AND key = ?2"
-            );
-            Ok(conn
-                .query_row(&sql, params![client_id, key], record)
-                .optional()?)
-        })
-        .await
+    fn subscribe(&self, id: KeyId) -> Arc<Notify> {
+        self.inner.waiters.subscribe(id)
     }
+}
 
-    async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
-        let (client, k) = (client_id.to_owned(), key.to_owned());
-        let existed = self
-            .call(move |conn| {
-                Ok(conn.execute(
-                    "DELETE FROM idempotency_keys WHERE client_id = ?1 AND key = ?2",
-                    params![client, k],
-                )? > 0)
-            })
-            .await?;
-        if let Some(cache) = &self.inner.cache {
-            cache.invalidate(&key_id(client_id, key));
-        }
-        Ok(existed)
-    }
-
-    // The unresolved-key calls are the inherent methods of the same names in
-    // `unresolved.rs` (inherent methods are found first).
-    async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
-        Self::stuck(self, limit).await
-    }
-
+impl Maintenance for EmbeddedStore {
     async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
         self.call(move |conn| {
             let now = now_ms();
@@ -359,7 +331,47 @@ impl KeyStore for EmbeddedStore {
     async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
         Self::unresolved_counts(self).await
     }
+}
 
+impl Inspect for EmbeddedStore {
+    async fn lookup(&self, client_id: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
+        let (client_id, key) = (client_id.to_owned(), key.to_owned());
+        self.call(move |conn| {
+            let sql = format!(
+                "SELECT {RECORD_COLUMNS} FROM idempotency_keys WHERE client_id = ?1 AND key = ?2"
+            );
+            Ok(conn
+                .query_row(&sql, params![client_id, key], record)
+                .optional()?)
+        })
+        .await
+    }
+
+    async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
+        let (client, k) = (client_id.to_owned(), key.to_owned());
+        let existed = self
+            .call(move |conn| {
+                Ok(conn.execute(
+                    "DELETE FROM idempotency_keys WHERE client_id = ?1 AND key = ?2",
+                    params![client, k],
+                )? > 0)
+            })
+            .await?;
+        if let Some(cache) = &self.inner.cache {
+            cache.invalidate(&key_id(client_id, key));
+        }
+        Ok(existed)
+    }
+
+    // The unresolved-key calls are the inherent methods of the same names in
+    // `unresolved.rs` (inherent methods are found first).
+
+    async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
+        Self::stuck(self, limit).await
+    }
+}
+
+impl Health for EmbeddedStore {
     fn replay_cache(&self) -> Option<CacheStatus> {
         self.inner.cache.as_ref().map(|c| c.status())
     }
@@ -374,10 +386,6 @@ impl KeyStore for EmbeddedStore {
             batches: self.inner.group.batches(),
             batched_writes: self.inner.group.batched_writes(),
         })
-    }
-
-    fn subscribe(&self, id: KeyId) -> Arc<Notify> {
-        self.inner.waiters.subscribe(id)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

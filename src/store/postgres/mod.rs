@@ -36,6 +36,7 @@ use tokio_postgres::types::{ToSql, Type};
 
 use crate::config::PostgresConfig;
 use crate::store::Waiters;
+use crate::store::contract::{Health, Inspect, KeyStore, Maintenance};
 use crate::store::group_commit::GroupCommit;
 use crate::store::replay_cache::{ReplayCache, cached_in, reserve_through};
 use crate::store::types::*;
@@ -231,6 +232,53 @@ impl KeyStore for PgStore {
             .into_fenced()
     }
 
+    fn subscribe(&self, id: KeyId) -> Arc<Notify> {
+        let notify = self.waiters.subscribe(id);
+        self.start_listening();
+        notify
+    }
+}
+
+impl Maintenance for PgStore {
+    async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
+        self.with_client(|client| async move {
+            Ok(client.typed_execute(SWEEP, &[(&batch, Type::INT8)]).await?)
+        })
+        .await
+    }
+
+    async fn sweep_unresolved(
+        &self,
+        unresolved_for: Duration,
+        batch: i64,
+    ) -> Result<Vec<KeyRecord>, StoreError> {
+        Self::sweep_unresolved(self, unresolved_for, batch).await
+    }
+
+    async fn claim_unresolved(
+        &self,
+        routes: &[&str],
+        lease: Duration,
+        limit: i64,
+    ) -> Result<Vec<Claim>, StoreError> {
+        Self::claim_unresolved(self, routes, lease, limit).await
+    }
+
+    async fn defer(
+        &self,
+        fence: &Fence,
+        unresolved_since_ms: i64,
+        retry_in: Duration,
+    ) -> Result<Fenced, StoreError> {
+        Self::defer(self, fence, unresolved_since_ms, retry_in).await
+    }
+
+    async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        Self::unresolved_counts(self).await
+    }
+}
+
+impl Inspect for PgStore {
     async fn lookup(&self, client_id: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
         self.with_client(|client| async move {
             let sql = format!(
@@ -270,25 +318,13 @@ impl KeyStore for PgStore {
 
     // The unresolved-key calls are the inherent methods of the same names in
     // `unresolved.rs` (inherent methods are found first).
+
     async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
         Self::stuck(self, limit).await
     }
+}
 
-    async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
-        self.with_client(|client| async move {
-            Ok(client.typed_execute(SWEEP, &[(&batch, Type::INT8)]).await?)
-        })
-        .await
-    }
-
-    async fn sweep_unresolved(
-        &self,
-        unresolved_for: Duration,
-        batch: i64,
-    ) -> Result<Vec<KeyRecord>, StoreError> {
-        Self::sweep_unresolved(self, unresolved_for, batch).await
-    }
-
+impl Health for PgStore {
     fn pool_status(&self) -> Option<PoolStatus> {
         let (size, available, waiting) = self.lanes.pools().map(Pool::status).fold(
             (0, 0, 0),
@@ -305,36 +341,8 @@ impl KeyStore for PgStore {
         })
     }
 
-    async fn claim_unresolved(
-        &self,
-        routes: &[&str],
-        lease: Duration,
-        limit: i64,
-    ) -> Result<Vec<Claim>, StoreError> {
-        Self::claim_unresolved(self, routes, lease, limit).await
-    }
-
-    async fn defer(
-        &self,
-        fence: &Fence,
-        unresolved_since_ms: i64,
-        retry_in: Duration,
-    ) -> Result<Fenced, StoreError> {
-        Self::defer(self, fence, unresolved_since_ms, retry_in).await
-    }
-
-    async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
-        Self::unresolved_counts(self).await
-    }
-
     fn replay_cache(&self) -> Option<CacheStatus> {
         self.cache.as_ref().map(|c| c.status())
-    }
-
-    fn subscribe(&self, id: KeyId) -> Arc<Notify> {
-        let notify = self.waiters.subscribe(id);
-        self.start_listening();
-        notify
     }
 
     /// Reachable, and the schema migrated far enough for this binary.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::*;
 use idemproxy::config::{Overrides, StoreConfig};
-use idemproxy::store::{AnyStore, KeyRecord, KeyStore, PgStore, migrate};
+use idemproxy::store::{AnyStore, Inspect, KeyRecord, KeyStore, PgStore, migrate};
 
 /// The server that holds the test databases; `DATABASE_URL` overrides it.
 pub fn admin_url() -> String {
