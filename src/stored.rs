@@ -40,7 +40,7 @@ impl StoredResponse {
 /// so a sealed answer copied onto another row, or an older one put back, does not open.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seal {
-    pub key_id: String,
+    pub ring_key: String,
     pub token: i64,
 }
 

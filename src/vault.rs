@@ -67,7 +67,7 @@ pub enum Unreadable {
 
 impl Unreadable {
     /// The ring key the row names.
-    pub fn key_id(&self) -> &str {
+    pub fn ring_key(&self) -> &str {
         match self {
             Unreadable::MissingKey(id)
             | Unreadable::Tampered(id)
@@ -171,7 +171,7 @@ impl Vault {
             headers: self.seal_part(material, row, Part::Headers, &answer.headers),
             body: self.seal_part(material, row, Part::Body, &answer.body),
             sealed: Some(Seal {
-                key_id: self.active.clone(),
+                ring_key: self.active.clone(),
                 token,
             }),
         }
@@ -189,19 +189,19 @@ impl Vault {
             return Ok(answer);
         };
         let Some(vault) = vault else {
-            return Err(Unreadable::NotConfigured(seal.key_id.clone()));
+            return Err(Unreadable::NotConfigured(seal.ring_key.clone()));
         };
         let material = vault
             .keys
-            .get(&seal.key_id)
-            .ok_or_else(|| Unreadable::MissingKey(seal.key_id.clone()))?;
+            .get(&seal.ring_key)
+            .ok_or_else(|| Unreadable::MissingKey(seal.ring_key.clone()))?;
         let row = RowId {
             client_id,
             key,
             token: seal.token,
             status: answer.status,
         };
-        let tampered = || Unreadable::Tampered(seal.key_id.clone());
+        let tampered = || Unreadable::Tampered(seal.ring_key.clone());
         let headers =
             open_part(material, row, Part::Headers, &answer.headers).ok_or_else(tampered)?;
         let body = open_part(material, row, Part::Body, &answer.body).ok_or_else(tampered)?;
@@ -312,7 +312,7 @@ mod tests {
         let vault = ring();
         let sealed = vault.seal("c", "k", 7, &answer());
         assert_eq!(
-            sealed.sealed.as_ref().map(|s| s.key_id.as_str()),
+            sealed.sealed.as_ref().map(|s| s.ring_key.as_str()),
             Some("new")
         );
         assert!(!sealed.body.windows(4).any(|w| w == b"4242"));

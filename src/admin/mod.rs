@@ -12,7 +12,7 @@
 //! - `POST /admin/keys/{client_id}/{key}/resolve` — settle an unresolved key with an
 //!   answer or a release (see `resolve`).
 //! - `POST /admin/rekey` — seal every stored answer with the active encryption key (see
-//!   `crate::background::rekey`).
+//!   `crate::background::rekey`, run in this process).
 //!
 //! `/admin/*` requires `Authorization: Bearer <admin_token>` when a token is configured
 //! (and one must be configured when the listener is not loopback).
@@ -35,7 +35,6 @@ use crate::store::{Health, Inspect, KeyStore, Reseal, StoreError};
 use error::AdminError;
 
 mod error;
-mod rekey;
 mod resolve;
 mod view;
 
@@ -187,7 +186,7 @@ pub async fn handle<S: KeyStore + Inspect + Health + Reseal>(
                 if method != Method::POST {
                     return not_allowed("POST");
                 }
-                return rekey::request(proxy).await;
+                return rekey(proxy).await;
             }
             if let Some(rest) = p
                 .strip_prefix("/admin/keys/")
@@ -352,4 +351,26 @@ fn reconciled<S: KeyStore>(proxy: &Proxy<S>, record: &crate::store::KeyRecord) -
             .routes()
             .iter()
             .any(|r| *r.name == record.route && r.policy.recovery_probe.is_some())
+}
+
+/// `POST /admin/rekey`: the rekey pass run inside the serving proxy — the way to rekey an
+/// embedded store, whose file the serving process holds locked (PostgreSQL can also be
+/// rekeyed from outside, `idemproxy rekey`). Same pass, same compare-and-set.
+async fn rekey<S: KeyStore + Reseal>(proxy: &Proxy<S>) -> Response<ProxyBody> {
+    let Some(vault) = proxy.vault() else {
+        return AdminError::EncryptionOff("There is no key to seal stored answers with: configure `encryption.keys` and `encryption.active`, then restart.".into()).into_response();
+    };
+    match crate::background::rekey::once(
+        proxy.store(),
+        vault,
+        crate::background::rekey::DEFAULT_BATCH,
+    )
+    .await
+    {
+        Ok(report) => {
+            tracing::warn!(summary = %report.summary(), "rekey by an operator");
+            json(StatusCode::OK, &report)
+        }
+        Err(e) => store_failed(&e),
+    }
 }

@@ -1,5 +1,5 @@
 //! What a running proxy does besides answering requests: the retention sweep ([`sweep`]),
-//! the reconciler and the unresolved-keys gauge ([`reconcile`]); and the rekey pass
+//! the reconciler's loop and the unresolved-keys gauge ([`unresolved`]); and the rekey pass
 //! ([`rekey`]) that an operator starts. Each job has one shape: `once` is a pass (what the
 //! one-shot commands, the admin API and the tests run), `run` repeats it for as long as it
 //! is polled.
@@ -7,9 +7,9 @@
 //! [`Background::start`] is the one place the loops are started, for the binary and the
 //! test harness alike, so that a test proxy does what a deployed one does.
 
-pub mod reconcile;
 pub mod rekey;
 pub mod sweep;
+pub mod unresolved;
 
 use tokio::task::JoinHandle;
 
@@ -35,9 +35,9 @@ impl Background {
                 config.unresolved_retention,
                 std::sync::Arc::clone(proxy.metrics()),
             )),
-            tokio::spawn(reconcile::run_count(
+            tokio::spawn(unresolved::run_count(
                 proxy.clone(),
-                reconcile::UNRESOLVED_COUNT_INTERVAL,
+                unresolved::UNRESOLVED_COUNT_INTERVAL,
             )),
         ];
         if let Some(r) = config.reconcile {
@@ -46,7 +46,7 @@ impl Background {
                 batch = r.batch,
                 "reconciler on: unresolved keys of routes with a recovery_probe are settled by asking it"
             );
-            tasks.push(tokio::spawn(reconcile::run(proxy.clone(), r)));
+            tasks.push(tokio::spawn(unresolved::reconcile(proxy.clone(), r)));
         }
         Background { tasks }
     }

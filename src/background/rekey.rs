@@ -76,13 +76,13 @@ pub async fn once<S: Reseal>(store: &S, vault: &Vault, batch: i64) -> Result<Rep
                 Err(why) => {
                     tracing::warn!(
                         key = %crate::key::key_hash(&row.client_id, &row.key),
-                        encryption_key = why.key_id(),
+                        encryption_key = why.ring_key(),
                         reason = why.reason(),
                         "rekey: a stored answer cannot be opened; left as it is"
                     );
                     *report
                         .unreadable
-                        .entry(why.key_id().to_owned())
+                        .entry(why.ring_key().to_owned())
                         .or_default() += 1;
                     continue;
                 }

@@ -131,7 +131,7 @@ impl<S: KeyStore> Observed<'_, S> {
                 tracing::error!(
                     route = %self.route,
                     key = %crate::key::key_hash(req.client_id, clear_key),
-                    encryption_key = why.key_id(),
+                    encryption_key = why.ring_key(),
                     reason = why.reason(),
                     "a stored answer cannot be decrypted: {why}; the retry gets 500 and nothing is executed again (put the key back in encryption.keys, or resolve the key by hand)"
                 );

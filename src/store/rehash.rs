@@ -82,7 +82,7 @@ pub(super) fn sealed_parts(answer: &StoredResponse) -> (Vec<u8>, Vec<u8>, Option
     (
         answer.headers.to_vec(),
         answer.body.to_vec(),
-        answer.sealed.as_ref().map(|s| s.key_id.clone()),
+        answer.sealed.as_ref().map(|s| s.ring_key.clone()),
     )
 }
 

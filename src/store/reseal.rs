@@ -69,11 +69,11 @@ pub(super) fn row(
             status,
             headers: Bytes::from(headers.unwrap_or_default()),
             body: Bytes::from(body.unwrap_or_default()),
-            sealed: sealed_with.map(|key_id| Seal { key_id, token }),
+            sealed: sealed_with.map(|ring_key| Seal { ring_key, token }),
         },
     })
 }
 
-pub(super) fn sealed_key_id(answer: &StoredResponse) -> Option<&str> {
-    answer.sealed.as_ref().map(|s| s.key_id.as_str())
+pub(super) fn sealed_ring_key(answer: &StoredResponse) -> Option<&str> {
+    answer.sealed.as_ref().map(|s| s.ring_key.as_str())
 }

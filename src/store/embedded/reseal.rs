@@ -3,7 +3,7 @@
 use rusqlite::params;
 
 use super::EmbeddedStore;
-use crate::store::reseal::{Reseal, StoredRow, row, sealed_key_id};
+use crate::store::reseal::{Reseal, StoredRow, row, sealed_ring_key};
 use crate::store::types::{Fenced, StoreError, StoredResponse};
 
 impl Reseal for EmbeddedStore {
@@ -60,8 +60,8 @@ impl Reseal for EmbeddedStore {
     async fn reseal(&self, row: &StoredRow, answer: &StoredResponse) -> Result<Fenced, StoreError> {
         let (client_id, key, token) = (row.client_id.clone(), row.key.clone(), row.token);
         let (headers, body) = (answer.headers.to_vec(), answer.body.to_vec());
-        let new = sealed_key_id(answer).map(str::to_owned);
-        let old = sealed_key_id(&row.answer).map(str::to_owned);
+        let new = sealed_ring_key(answer).map(str::to_owned);
+        let old = sealed_ring_key(&row.answer).map(str::to_owned);
         self.call(move |conn| {
             let n = conn
                 .prepare_cached(

@@ -90,7 +90,7 @@ fn apply(
                     Value::Blob(r.headers.to_vec()),
                     Value::Blob(r.body.to_vec()),
                     true,
-                    r.sealed.as_ref().map(|s| s.key_id.as_str()),
+                    r.sealed.as_ref().map(|s| s.ring_key.as_str()),
                 ),
                 Completion::NotReplayable { status } => {
                     (*status, Value::Null, Value::Null, false, None)
@@ -257,8 +257,8 @@ fn reserve(
                     status,
                     headers: Bytes::from(row.response_headers.unwrap_or_default()),
                     body: Bytes::from(row.response_body.unwrap_or_default()),
-                    sealed: row.sealed_with.map(|key_id| Seal {
-                        key_id,
+                    sealed: row.sealed_with.map(|ring_key| Seal {
+                        ring_key,
                         token: row.lease_token,
                     }),
                 })

@@ -291,7 +291,7 @@ fn completion_columns(c: &Completion) -> (i16, Option<&[u8]>, Option<&[u8]>, boo
 /// The ring key a completion's answer is sealed with, if it is.
 fn sealed_with(c: &Completion) -> Option<&str> {
     match c {
-        Completion::Stored(r) => r.sealed.as_ref().map(|s| s.key_id.as_str()),
+        Completion::Stored(r) => r.sealed.as_ref().map(|s| s.ring_key.as_str()),
         Completion::NotReplayable { .. } => None,
     }
 }

@@ -3,7 +3,7 @@
 use tokio_postgres::types::Type;
 
 use super::PgStore;
-use crate::store::reseal::{Reseal, StoredRow, row, sealed_key_id};
+use crate::store::reseal::{Reseal, StoredRow, row, sealed_ring_key};
 use crate::store::types::{Fenced, StoreError, StoredResponse};
 
 const RESEAL: &str = "UPDATE idempotency_keys \
@@ -61,7 +61,7 @@ impl Reseal for PgStore {
     async fn reseal(&self, row: &StoredRow, answer: &StoredResponse) -> Result<Fenced, StoreError> {
         let headers: &[u8] = &answer.headers;
         let body: &[u8] = &answer.body;
-        let (new, old) = (sealed_key_id(answer), sealed_key_id(&row.answer));
+        let (new, old) = (sealed_ring_key(answer), sealed_ring_key(&row.answer));
         self.with_client(|client| async move {
             let n = client
                 .typed_execute(

@@ -107,8 +107,8 @@ pub(super) fn reservation(
                 let body: Option<Vec<u8>> = row.try_get(at + 6)?;
                 let sealed_with: Option<String> = row.try_get(at + 10)?;
                 let sealed = match sealed_with {
-                    Some(key_id) => Some(Seal {
-                        key_id,
+                    Some(ring_key) => Some(Seal {
+                        ring_key,
                         token: row.try_get(at + 1)?,
                     }),
                     None => None,

@@ -14,7 +14,7 @@ pub const UNRESOLVED_COUNT_INTERVAL: Duration = Duration::from_secs(15);
 
 /// Reconciles every `reconcile.interval` for as long as it is polled, then brings the
 /// unresolved-keys gauge up to date.
-pub async fn run<S: KeyStore + Maintenance>(proxy: Proxy<S>, reconcile: Reconcile) {
+pub async fn reconcile<S: KeyStore + Maintenance>(proxy: Proxy<S>, reconcile: Reconcile) {
     loop {
         tokio::time::sleep(reconcile.interval).await;
         match proxy.reconcile_once(reconcile).await {
