@@ -2,7 +2,7 @@
 
 use anyhow::{Context, bail};
 use idemproxy::config::StoreConfig;
-use idemproxy::store::{PgStore, migrate};
+use idemproxy::store::PgStore;
 
 pub async fn probe(url: &str) -> anyhow::Result<()> {
     use http_body_util::Empty;
@@ -43,18 +43,11 @@ pub fn write_stdout(text: &str) -> anyhow::Result<()> {
     }
 }
 
+/// Applies the migrations the database lacks (the library says which it applied).
 pub async fn apply_migrations(store: &PgStore) -> anyhow::Result<()> {
-    let mut client = store
-        .pool()
-        .get()
+    idemproxy::app::apply_migrations(store)
         .await
-        .context("connecting to PostgreSQL")?;
-    let applied = migrate(&mut client).await.context("applying migrations")?;
-    if applied.is_empty() {
-        tracing::info!("database schema is up to date");
-    } else {
-        tracing::info!(?applied, "applied migrations");
-    }
+        .context("applying migrations")?;
     Ok(())
 }
 

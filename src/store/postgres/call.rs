@@ -33,6 +33,18 @@ impl PgStore {
         &self.lanes.calls.pool
     }
 
+    /// A pooled connection of its own, unbounded by the store timeout: for migrations,
+    /// whose statements may take longer than a request's.
+    pub async fn client(&self) -> Result<Object, StoreError> {
+        self.pool()
+            .get()
+            .await
+            .map_err(|cause| StoreError::Connect {
+                target: Arc::clone(&self.target),
+                cause,
+            })
+    }
+
     /// The most connections this store opens at once: `pool_size`, over both lanes.
     pub fn max_connections(&self) -> usize {
         self.lanes.pools().map(|pool| pool.status().max_size).sum()

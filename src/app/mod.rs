@@ -4,6 +4,10 @@
 //! Serving requests stays the caller's: the binary runs a server thread per core, the
 //! tests one server on one runtime.
 
+mod open;
+
+pub use open::{OpenError, agree_later, apply_migrations, open_store};
+
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
