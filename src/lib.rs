@@ -28,7 +28,8 @@
 //!   (`proxy/machine.rs`).
 //! - [`background`]: the sweep, the reconciler's and the gauge's loops, rekey — started
 //!   together by [`background::Background::start`].
-//! - [`app`]: the composition root — a proxy with its admin listener and background
+//! - [`app`]: the composition root — opening the store for a serving process, and a proxy
+//!   with its admin listener and background
 //!   loops, started the same way by the binary and the tests.
 //! - [`server`]: accept loops, protocol sniffing and graceful drain; [`admin`]: health,
 //!   readiness, metrics and the key admin API; [`demo`]: the seed article's story,

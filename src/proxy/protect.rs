@@ -59,27 +59,27 @@ where
     B::Error: Into<BoxError>,
 {
     let started = Instant::now();
-    // Boxed: what preparing takes is freed before the long wait for the answer. Its
-    // result is only a temporary here, and `begin` is a plain function that moves the job
+    // Boxed: what checking takes is freed before the long wait for the answer. Its
+    // result is only a temporary here, and `hand_off` is a plain function that moves the job
     // into the detached task: this future, which every request waiting on the store
     // keeps, holds the receiver and what the request line logs, not the job.
-    let Begun {
+    let Awaiting {
         body_key,
         key,
         client,
         answer,
-    } = match begin(
+    } = match hand_off(
         shared,
         &route,
-        Box::pin(prepare(shared, Arc::clone(&route), key, req, peer)).await,
+        Box::pin(check(shared, Arc::clone(&route), key, req, peer)).await,
         trace,
     ) {
-        Start::Begun(begun) => begun,
-        Start::Done(done) => return done,
+        HandOff::Awaiting(awaiting) => awaiting,
+        HandOff::Done(done) => return done,
     };
     let (outcome, result) = match answer {
-        Begin::Replayed(answer) => answer,
-        Begin::Detached(rx) => rx
+        AnswerFrom::Cache(answer) => answer,
+        AnswerFrom::Task(rx) => rx
             .await
             .unwrap_or_else(|_| (Outcome::Failed, Err(ProxyError::Internal))),
     };
@@ -101,42 +101,44 @@ where
     Protected::Answered(outcome, result, body_key)
 }
 
-/// What a prepared request carries on to its answer: what the request line logs, and the
-/// answer or where it will come from.
-struct Begun {
+/// A request handed off and awaiting its answer: what the request line logs, and where the
+/// answer comes from (the job itself has moved on).
+struct Awaiting {
     /// The key as found in the body, for the answer's echo.
     body_key: Option<String>,
     /// Short hashes of (client, key) and of the client, when the request line is logged.
     key: Option<String>,
     client: Option<String>,
-    answer: Begin,
+    answer: AnswerFrom,
 }
 
-/// How a prepared request starts: on its way to an answer, or already done with.
-enum Start {
-    Begun(Begun),
+/// What handing a checked request off came to: awaiting its answer, or already answered
+/// (refused, unkeyed, overloaded).
+enum HandOff {
+    Awaiting(Awaiting),
     Done(Protected),
 }
 
-enum Begin {
-    /// From the replay cache, in this task.
-    Replayed(Answer),
-    /// From the state machine's task.
-    Detached(oneshot::Receiver<Answer>),
+/// Where a request's answer comes from.
+enum AnswerFrom {
+    /// The replay cache, in this task.
+    Cache(Answer),
+    /// The state machine's task.
+    Task(oneshot::Receiver<Answer>),
 }
 
-/// A prepared request's start: answered at once (refused, unkeyed, or replayed from the
-/// replay cache) or handed to the state machine's task.
-fn begin<S: KeyStore>(
+/// Hands a checked request off: answered at once (refused, unkeyed, overloaded, or replayed
+/// from the replay cache) or to the state machine's task.
+fn hand_off<S: KeyStore>(
     shared: &Arc<Shared<S>>,
     route: &Route,
-    prepared: Result<Prepared, ProxyError>,
+    checked: Result<Checked, ProxyError>,
     trace: Option<Trace>,
-) -> Start {
-    let job = match prepared {
-        Ok(Prepared::Job(job)) => Job { trace, ..job },
-        Ok(Prepared::Unkeyed(req)) => return Start::Done(Protected::Unkeyed(req)),
-        Err(err) => return Start::Done(Protected::Answered(Outcome::Rejected, Err(err), None)),
+) -> HandOff {
+    let job = match checked {
+        Ok(Checked::Keyed(job)) => Job { trace, ..job },
+        Ok(Checked::Unkeyed(req)) => return HandOff::Done(Protected::Unkeyed(req)),
+        Err(err) => return HandOff::Done(Protected::Answered(Outcome::Rejected, Err(err), None)),
     };
     let body_key = job.client_key.clone().map(SentKey::into_string);
     // Logs carry short hashes of the client and of (client, key), never either in clear;
@@ -146,19 +148,19 @@ fn begin<S: KeyStore>(
     let client = tracing::enabled!(tracing::Level::INFO)
         .then(|| hex(&Sha256::digest(job.client_id.as_bytes())[..4]));
     let answer = match replayed(shared, &job) {
-        Some(answer) => Begin::Replayed(answer),
+        Some(answer) => AnswerFrom::Cache(answer),
         None => {
             // Before anything is reserved: past a bound, nothing is.
             let connection = job.parts.extensions.get::<Arc<ConnectionWork>>();
             match shared.admission.admit(&job.client_id, connection) {
                 Ok(admitted) => {
-                    Begin::Detached(detach(shared, route, job, admitted, key.as_deref()))
+                    AnswerFrom::Task(detach(shared, route, job, admitted, key.as_deref()))
                 }
                 Err(refused) => {
                     let err = ProxyError::Overloaded {
                         bound: refused.as_str(),
                     };
-                    return Start::Done(Protected::Answered(
+                    return HandOff::Done(Protected::Answered(
                         Outcome::Overloaded,
                         Err(err),
                         body_key,
@@ -167,7 +169,7 @@ fn begin<S: KeyStore>(
             }
         }
     };
-    Start::Begun(Begun {
+    HandOff::Awaiting(Awaiting {
         body_key,
         key,
         client,
@@ -211,21 +213,22 @@ fn detach<S: KeyStore>(
     rx
 }
 
-/// A request ready for the store, or one with no key to forward unprotected.
-enum Prepared {
-    Job(Job),
+/// A request past the checks that are the client's to pass (identity, body, key, fingerprint):
+/// a job ready for the store, or a request with no key to forward unprotected.
+enum Checked {
+    Keyed(Job),
     Unkeyed(Request<Full<Bytes>>),
 }
 
 /// Everything that can be the client's fault: identity, body, a key in the body,
 /// fingerprint.
-async fn prepare<S, B>(
+async fn check<S, B>(
     shared: &Arc<Shared<S>>,
     route: Arc<Route>,
     key: Option<String>,
     req: Box<Request<B>>,
     peer: SocketAddr,
-) -> Result<Prepared, ProxyError>
+) -> Result<Checked, ProxyError>
 where
     S: KeyStore,
     B: Body<Data = Bytes> + Send + 'static,
@@ -240,7 +243,7 @@ where
         None => match key_in_body(&route, &parts, &body)? {
             Some(found) => found,
             None => {
-                return Ok(Prepared::Unkeyed(Request::from_parts(
+                return Ok(Checked::Unkeyed(Request::from_parts(
                     parts,
                     Full::new(body),
                 )));
@@ -270,7 +273,7 @@ where
     } else {
         (StoredKey::new(key), None)
     };
-    Ok(Prepared::Job(Job {
+    Ok(Checked::Keyed(Job {
         route: Arc::clone(&route),
         client_id: ClientId::new(client_id),
         key,
