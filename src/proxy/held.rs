@@ -112,6 +112,15 @@ impl HeldAnswers {
         })
     }
 
+    /// The ending held for the key `id`, if any.
+    pub fn ending(&self, id: &KeyId) -> Option<HeldEnding> {
+        if self.len() == 0 {
+            return None;
+        }
+        let entries = self.entries.lock().ok()?;
+        entries.get(id).map(|held| held.ending.clone())
+    }
+
     /// A store call succeeded: if anything is held, its writes are due now.
     pub fn store_answered(&self) {
         if self.len() > 0 {

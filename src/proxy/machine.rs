@@ -17,8 +17,9 @@ use tokio::time::{Instant, sleep, sleep_until};
 use super::admission::Admitted;
 use super::call::{Outgoing, outgoing};
 use super::conclude::conclude;
+use super::held::HeldEnding;
 pub(crate) use super::job::{Answer, Job, Outcome, answer};
-use super::lease::Holder;
+use super::lease::{Holder, fence_for};
 use super::state::Shared;
 use crate::body::{ProxyBody, full};
 use crate::config::{OnConflict, Takeover};
@@ -211,19 +212,61 @@ async fn wait_for_first<S: KeyStore>(
     }
 }
 
-/// One look at the key: the ending this process holds for it, if any (see
-/// [`super::held`]: never a takeover of a key whose answer is here), else the store's.
+/// One look at the key: the store's answer — but for a key this process holds an ending
+/// for (see [`super::held`]), never a takeover and never a final "unknown".
 async fn reserve_once<S: KeyStore>(
     shared: &Shared<S>,
     job: &Job,
     request: &ReserveRequest<'_>,
 ) -> Result<Reservation, StoreError> {
     let id = key_id(&job.client_id, &job.key);
-    if let Some(held) = shared.held.reservation(&id, &job.fingerprint) {
-        return Ok(held);
-    }
     let store = shared.observed(&job.route.name);
-    store.reserve(request, job.clear_key()).await
+    match shared.held.reservation(&id, &job.fingerprint) {
+        None => store.reserve(request, job.clear_key()).await,
+        Some(held @ Reservation::Mismatch) => Ok(held),
+        Some(held) => Box::pin(held_or_stored(shared, job, request, held)).await,
+    }
+}
+
+/// The answer to a retry of a key whose ending this process holds: the store is asked
+/// first, without taking anything over, since once an answer is stored (another replica
+/// may have stored one after a takeover) every client gets that one. While nothing is
+/// stored — the row in progress, unresolved, or the store away — the held ending answers.
+/// A row that is gone (evicted, released) was reserved anew by the look: a held answer is
+/// then stored under it, and a held release lets the request execute.
+async fn held_or_stored<S: KeyStore>(
+    shared: &Shared<S>,
+    job: &Job,
+    request: &ReserveRequest<'_>,
+    held: Reservation,
+) -> Result<Reservation, StoreError> {
+    let store = shared.observed(&job.route.name);
+    let look = ReserveRequest {
+        takeover: false,
+        ..*request
+    };
+    match store.reserve(&look, job.clear_key()).await {
+        Ok(stored @ (Reservation::Done(_) | Reservation::NotReplayable { .. })) => Ok(stored),
+        Ok(Reservation::Reserved(lease)) => {
+            let Some(HeldEnding::Answer(completion)) =
+                shared.held.ending(&key_id(&job.client_id, &job.key))
+            else {
+                // A held release: nothing happened upstream, so the request executes.
+                return Ok(Reservation::Reserved(lease));
+            };
+            let fence = fence_for(
+                &job.route.policy,
+                job.client_id.to_string(),
+                job.key.to_string(),
+                lease.token,
+            );
+            // Whatever this write comes to, the client gets the held answer; a write that
+            // failed leaves the new row to its lease, like any completion given up on.
+            let _ = store.complete(&fence, &completion).await;
+            Ok(held)
+        }
+        Ok(_) | Err(_) => Ok(held),
+    }
 }
 
 /// What reserving `job`'s key asks the store.

@@ -452,3 +452,47 @@ async fn a_full_disk_is_said_once() {
         "no WARN line per refused request: {log}"
     );
 }
+
+/// Two replicas: the one whose store link is cut holds its answer while another replica,
+/// after the lease ran out, takes the key over and stores its own. From then on every
+/// client gets the stored answer — a retry reaching the first replica too, not the answer
+/// it held (once an answer is stored, it is the one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_answer_gives_way_to_a_stored_one() {
+    let db = Backend::postgres().await;
+    let (relay, url) = Relay::for_db(db.pg()).await;
+    let upstream = Upstream::spawn(Behavior {
+        delay: Duration::from_millis(500),
+        ..Default::default()
+    })
+    .await;
+    let cut_off = TestProxy::spawn(&payments(&pg_store_yaml(&url), false), &upstream, &db).await;
+    let other = TestProxy::spawn(&payments("{store}", false), &upstream, &db).await;
+    let held_client = TestClient::new(&cut_off);
+    let first = {
+        let client = held_client.clone();
+        tokio::spawn(async move { client.post("/payments", "shop-1", "k", BODY).await })
+    };
+    upstream.wait_executions(1).await;
+    relay.cut();
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201);
+    let held = held_client.post("/payments", "shop-1", "k", BODY).await;
+    assert_eq!(held.body, first.body, "held while the store is away");
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let taken_over = TestClient::new(&other)
+        .post_until_settled("/payments", "shop-1", "k", BODY)
+        .await;
+    assert_eq!(taken_over.status, 201);
+    assert_ne!(taken_over.body, first.body, "the takeover executed again");
+    relay.restore();
+    let after = held_client.post("/payments", "shop-1", "k", BODY).await;
+    assert_eq!(after.status, 201);
+    assert!(after.replayed());
+    assert_eq!(
+        after.body, taken_over.body,
+        "the stored answer, not the one held"
+    );
+    cut_off.stop().await;
+    other.stop().await;
+}
