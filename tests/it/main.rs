@@ -27,6 +27,7 @@ mod http1_rfc;
 mod http2_refusals;
 mod key_forms;
 mod kubernetes;
+mod model;
 mod operations;
 mod outages;
 mod overload;
