@@ -28,6 +28,18 @@ fn payments(store: &str, never: bool) -> String {
     }
 }
 
+/// An embedded store file on an 8 MiB volume of the test's own: the volume, the file, and
+/// the `store:` section; `None` where no volume can be mounted.
+fn embedded_on_a_small_volume() -> Option<(Volume, std::path::PathBuf, String)> {
+    let volume = Volume::mount("8m")?;
+    let path = volume.join("keys.db");
+    let store = format!(
+        "store:\n  embedded:\n    path: \"{}\"\n    timeout: 1s\n",
+        path.display()
+    );
+    Some((volume, path, store))
+}
+
 /// Retries every key once; each must be the replay of the first answer.
 async fn assert_replays(client: &TestClient, first: &[Reply], when: &str) {
     for (i, answered) in first.iter().enumerate() {
@@ -140,14 +152,9 @@ async fn held_answers_survive_a_store_outage_takeover_never() {
 /// metric say the disk is full; once space returns the held answers are written, nothing
 /// was executed twice, and new keys work again without a restart.
 async fn embedded_disk_full(never: bool) {
-    let Some(volume) = Volume::mount("8m") else {
+    let Some((volume, path, store)) = embedded_on_a_small_volume() else {
         return;
     };
-    let path = volume.join("keys.db");
-    let store = format!(
-        "store:\n  embedded:\n    path: \"{}\"\n    timeout: 1s\n",
-        path.display()
-    );
     let upstream = Upstream::spawn(Behavior {
         delay: Duration::from_millis(800),
         // Answers large enough that writing them needs room the full volume lacks.
@@ -376,14 +383,9 @@ fn an_unwritable_directory_is_named() {
 /// the end of the fault is said once too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_is_said_once() {
-    let Some(volume) = Volume::mount("8m") else {
+    let Some((volume, path, store)) = embedded_on_a_small_volume() else {
         return;
     };
-    let path = volume.join("keys.db");
-    let store = format!(
-        "store:\n  embedded:\n    path: \"{}\"\n    timeout: 1s\n",
-        path.display()
-    );
     let upstream = Upstream::spawn(Behavior {
         pad_to: 100 * 1024,
         ..Default::default()

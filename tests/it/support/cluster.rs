@@ -199,23 +199,10 @@ impl Cluster {
         let _ = self.pg_ctl(&["-m", "immediate", "-w", "stop"]).output();
     }
 
-    /// Runs SQL as `psql` does, whatever comes of it (the server may crash on it).
+    /// Runs SQL as `psql` does, whatever comes of it (the server may crash on it): what it
+    /// printed, errors included.
     pub fn psql_unchecked(&self, db: &str, sql: &str) -> String {
-        let out = Command::new(bindir().join("psql"))
-            .args(["-X", "-q", "-At", "-h"])
-            .arg(&self.dir.0)
-            .args([
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-                "-d",
-                db,
-                "-c",
-                sql,
-            ])
-            .output()
-            .unwrap();
+        let out = self.psql_command(db, sql).output().unwrap();
         format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
@@ -262,19 +249,8 @@ impl Cluster {
     /// Runs SQL as the superuser over the cluster's Unix socket (whatever `pg_hba.conf`
     /// says about TCP).
     pub fn psql(&self, db: &str, sql: &str) -> String {
-        let mut c = Command::new(bindir().join("psql"));
-        c.args(["-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h"])
-            .arg(&self.dir.0)
-            .args([
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-                "-d",
-                db,
-                "-c",
-                sql,
-            ]);
+        let mut c = self.psql_command(db, sql);
+        c.args(["-v", "ON_ERROR_STOP=1"]);
         let out = c.output().unwrap();
         assert!(
             out.status.success(),
@@ -282,6 +258,22 @@ impl Cluster {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `psql` on `db` over the cluster's Unix socket, running `sql`.
+    fn psql_command(&self, db: &str, sql: &str) -> Command {
+        let mut c = Command::new(bindir().join("psql"));
+        c.args(["-X", "-q", "-At", "-h"]).arg(&self.dir.0).args([
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            db,
+            "-c",
+            sql,
+        ]);
+        c
     }
 }
 
