@@ -65,3 +65,39 @@ impl ProxyError {
         ]
     }
 }
+
+/// For `check-config`: every answer of the proxy's own, rendered by each error template
+/// in use (`defaults.errors`, routes' `errors`), as comments — so an operator sees what
+/// the API's clients will be sent for each kind before they are.
+pub fn rendered_templates(config: &crate::config::Config) -> String {
+    use crate::dialect::Dialect;
+    let mut out = String::new();
+    let defaults = std::iter::once(("defaults", &config.errors));
+    let routes = config
+        .routes
+        .routes()
+        .iter()
+        .map(|r| (&*r.name, &r.policy.errors));
+    let mut shown: Vec<&std::sync::Arc<crate::dialect::Template>> = Vec::new();
+    for (name, dialect) in defaults.chain(routes) {
+        // Each template once: routes inherit the one in `defaults`.
+        let Dialect::Template(template) = dialect else {
+            continue;
+        };
+        if shown.iter().any(|t| std::sync::Arc::ptr_eq(t, template)) {
+            continue;
+        }
+        shown.push(template);
+        out.push_str(&format!(
+            "# errors on {name}, as its template renders them:\n"
+        ));
+        for error in ProxyError::examples() {
+            let (status, body) = error.render_in(dialect);
+            out.push_str(&format!(
+                "#   {status} {}\n",
+                String::from_utf8_lossy(&body)
+            ));
+        }
+    }
+    out
+}

@@ -372,5 +372,8 @@ fn retry_secs(d: Duration) -> u64 {
 
 mod answer;
 mod examples;
+
+pub use examples::rendered_templates;
+
 #[cfg(test)]
 mod tests;

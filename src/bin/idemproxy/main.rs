@@ -49,7 +49,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let overrides = cli::overrides(Some(&args.proxy), &args.database);
             let config = config::load(args.file.config.as_deref(), &overrides)?;
             write_stdout(&config.to_string())?;
-            write_stdout(&commands::rendered_templates(&config))?;
+            write_stdout(&idemproxy::problem::rendered_templates(&config))?;
             for warning in &config.warnings {
                 eprintln!("idemproxy: warning: {warning}");
             }
