@@ -31,6 +31,31 @@ pub(crate) enum HeldEnding {
     Release,
 }
 
+impl HeldEnding {
+    /// What a retry of the request it is held for is answered while it is held: the
+    /// answer, or "in progress" for a release not yet written (the lease a retry would
+    /// find is this process's own).
+    pub fn reservation(&self) -> Reservation {
+        match self {
+            HeldEnding::Answer(Completion::Stored(answer)) => Reservation::Done(answer.clone()),
+            HeldEnding::Answer(Completion::NotReplayable { status }) => {
+                Reservation::NotReplayable { status: *status }
+            }
+            HeldEnding::Release => Reservation::InProgress {
+                lease_remaining: HELD_RETRY_AFTER,
+            },
+        }
+    }
+}
+
+/// What a request finds held for its key.
+pub(crate) enum HeldFor {
+    /// The ending of the request it repeats.
+    ThisRequest(HeldEnding),
+    /// Another request's under the same key: the key was reused (`422`).
+    AnotherRequest,
+}
+
 /// One held key: who holds it (its lease token), what it answers, and for which request.
 struct Held {
     token: i64,
@@ -90,35 +115,19 @@ impl HeldAnswers {
         self.count.load(Ordering::Acquire)
     }
 
-    /// What a request for the key `id` with `fingerprint` is answered when this process
-    /// holds the key's ending; `None`: nothing held, ask the store.
-    pub fn reservation(&self, id: &KeyId, fingerprint: &Fingerprint) -> Option<Reservation> {
+    /// What this process holds for the key `id`, as seen by a request with `fingerprint`;
+    /// `None`: nothing held, ask the store. One look, under one lock.
+    pub fn lookup(&self, id: &KeyId, fingerprint: &Fingerprint) -> Option<HeldFor> {
         if self.len() == 0 {
             return None;
         }
         let entries = self.entries.lock().ok()?;
         let held = entries.get(id)?;
-        if held.fingerprint != *fingerprint {
-            return Some(Reservation::Mismatch);
-        }
-        Some(match &held.ending {
-            HeldEnding::Answer(Completion::Stored(answer)) => Reservation::Done(answer.clone()),
-            HeldEnding::Answer(Completion::NotReplayable { status }) => {
-                Reservation::NotReplayable { status: *status }
-            }
-            HeldEnding::Release => Reservation::InProgress {
-                lease_remaining: HELD_RETRY_AFTER,
-            },
+        Some(if held.fingerprint == *fingerprint {
+            HeldFor::ThisRequest(held.ending.clone())
+        } else {
+            HeldFor::AnotherRequest
         })
-    }
-
-    /// The ending held for the key `id`, if any.
-    pub fn ending(&self, id: &KeyId) -> Option<HeldEnding> {
-        if self.len() == 0 {
-            return None;
-        }
-        let entries = self.entries.lock().ok()?;
-        entries.get(id).map(|held| held.ending.clone())
     }
 
     /// A store call succeeded: if anything is held, its writes are due now.
@@ -163,26 +172,34 @@ mod tests {
         )))
     }
 
+    /// What a request is answered from what is held (the store not asked).
+    fn reservation(held: &HeldAnswers, id: &KeyId, fp: &Fingerprint) -> Option<Reservation> {
+        held.lookup(id, fp).map(|found| match found {
+            HeldFor::ThisRequest(ending) => ending.reservation(),
+            HeldFor::AnotherRequest => Reservation::Mismatch,
+        })
+    }
+
     /// A held answer is replayed to the same request, refused to another, and gone once
     /// its holder forgets it — but not when a stale holder (another token) does.
     #[test]
     fn held_answers_answer_retries_until_forgotten() {
         let held = HeldAnswers::default();
         let (id, fp) = ([1; 32], [2; 32]);
-        assert!(held.reservation(&id, &fp).is_none());
+        assert!(reservation(&held, &id, &fp).is_none());
         held.hold(id, 7, fp, answer());
         assert!(
-            matches!(held.reservation(&id, &fp), Some(Reservation::Done(a)) if a.status == 201)
+            matches!(reservation(&held, &id, &fp), Some(Reservation::Done(a)) if a.status == 201)
         );
         assert!(matches!(
-            held.reservation(&id, &[3; 32]),
+            reservation(&held, &id, &[3; 32]),
             Some(Reservation::Mismatch)
         ));
         held.forget(&id, 6);
         assert_eq!(held.len(), 1);
         held.forget(&id, 7);
         assert_eq!(held.len(), 0);
-        assert!(held.reservation(&id, &fp).is_none());
+        assert!(held.lookup(&id, &fp).is_none());
     }
 
     /// A release not yet written answers "in progress", never a takeover.
@@ -191,8 +208,8 @@ mod tests {
         let held = HeldAnswers::default();
         held.hold([1; 32], 1, [2; 32], HeldEnding::Release);
         assert!(matches!(
-            held.reservation(&[1; 32], &[2; 32]),
-            Some(Reservation::InProgress { .. })
+            held.lookup(&[1; 32], &[2; 32]),
+            Some(HeldFor::ThisRequest(e)) if matches!(e.reservation(), Reservation::InProgress { .. })
         ));
     }
 

@@ -17,7 +17,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use super::admission::Admitted;
 use super::call::{Outgoing, outgoing};
 use super::conclude::conclude;
-use super::held::HeldEnding;
+use super::held::{HeldEnding, HeldFor};
 pub(crate) use super::job::{Answer, Job, Outcome, answer};
 use super::lease::{Holder, fence_for};
 use super::state::Shared;
@@ -220,11 +220,15 @@ async fn reserve_once<S: KeyStore>(
     request: &ReserveRequest<'_>,
 ) -> Result<Reservation, StoreError> {
     let id = key_id(&job.client_id, &job.key);
-    let store = shared.observed(&job.route.name);
-    match shared.held.reservation(&id, &job.fingerprint) {
-        None => store.reserve(request, job.clear_key()).await,
-        Some(held @ Reservation::Mismatch) => Ok(held),
-        Some(held) => Box::pin(held_or_stored(shared, job, request, held)).await,
+    match shared.held.lookup(&id, &job.fingerprint) {
+        None => {
+            let store = shared.observed(&job.route.name);
+            store.reserve(request, job.clear_key()).await
+        }
+        Some(HeldFor::AnotherRequest) => Ok(Reservation::Mismatch),
+        Some(HeldFor::ThisRequest(ending)) => {
+            Box::pin(held_or_stored(shared, job, request, ending)).await
+        }
     }
 }
 
@@ -238,22 +242,18 @@ async fn held_or_stored<S: KeyStore>(
     shared: &Shared<S>,
     job: &Job,
     request: &ReserveRequest<'_>,
-    held: Reservation,
+    ending: HeldEnding,
 ) -> Result<Reservation, StoreError> {
     let store = shared.observed(&job.route.name);
     let look = ReserveRequest {
         takeover: false,
         ..*request
     };
-    match store.reserve(&look, job.clear_key()).await {
-        Ok(stored @ (Reservation::Done(_) | Reservation::NotReplayable { .. })) => Ok(stored),
-        Ok(Reservation::Reserved(lease)) => {
-            let Some(HeldEnding::Answer(completion)) =
-                shared.held.ending(&key_id(&job.client_id, &job.key))
-            else {
-                // A held release: nothing happened upstream, so the request executes.
-                return Ok(Reservation::Reserved(lease));
-            };
+    match (store.reserve(&look, job.clear_key()).await, &ending) {
+        (Ok(stored @ (Reservation::Done(_) | Reservation::NotReplayable { .. })), _) => Ok(stored),
+        // A held release: nothing happened upstream, so the request executes.
+        (Ok(reserved @ Reservation::Reserved(_)), HeldEnding::Release) => Ok(reserved),
+        (Ok(Reservation::Reserved(lease)), HeldEnding::Answer(completion)) => {
             let fence = fence_for(
                 &job.route.policy,
                 job.client_id.to_string(),
@@ -262,10 +262,10 @@ async fn held_or_stored<S: KeyStore>(
             );
             // Whatever this write comes to, the client gets the held answer; a write that
             // failed leaves the new row to its lease, like any completion given up on.
-            let _ = store.complete(&fence, &completion).await;
-            Ok(held)
+            let _ = store.complete(&fence, completion).await;
+            Ok(ending.reservation())
         }
-        Ok(_) | Err(_) => Ok(held),
+        (Ok(_) | Err(_), _) => Ok(ending.reservation()),
     }
 }
 

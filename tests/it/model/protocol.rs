@@ -122,10 +122,6 @@ pub struct State {
     pub violation: Option<&'static str>,
 }
 
-fn workers_sorted(workers: &mut [Worker]) {
-    workers.sort_unstable();
-}
-
 /// What can happen next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
@@ -330,8 +326,8 @@ impl State {
                 lapsable: false,
             };
         }
-        s.workers.sort_unstable();
         s.renumber_tokens();
+        s.workers.sort_unstable();
         s
     }
 
@@ -366,7 +362,6 @@ impl State {
             Row::Absent => Row::Absent,
         };
         self.table.next_token = live.len() as u8 + 1;
-        workers_sorted(&mut self.workers);
     }
 
     fn apply(&self, p: &Params, action: Action) -> State {
@@ -532,31 +527,26 @@ impl State {
             Row::InProgress { token, .. } => Some(token),
             _ => None,
         };
-        let applied = match w.work {
+        match w.work {
             Work::Answered { answer } => {
-                let applied = self.table.complete(w.token, answer);
-                if applied {
+                if self.table.complete(w.token, answer) {
                     self.wrote_under(w.token, row_token.unwrap_or(0));
                     self.stored_now(answer);
                 }
-                applied
             }
-            Work::Releasing => self.table.release(w.token),
-            Work::Idle | Work::Calling => false,
-        };
-        let _ = applied;
+            Work::Releasing => {
+                self.table.release(w.token);
+            }
+            Work::Idle | Work::Calling => {}
+        }
+        let w = &mut self.workers[i];
         if timed_out {
             // It took effect, but the worker cannot know: it holds the ending and tries
             // again (which the fence then refuses).
-            let w = &mut self.workers[i];
             w.held = true;
             return;
         }
-        let w = &mut self.workers[i];
-        if let Work::Answered { .. } = w.work {
-            // The client gets the upstream's answer (a fenced-off one its own).
-        }
-        let w = &mut self.workers[i];
+        // The client gets the upstream's answer (a fenced-off worker's client its own).
         w.work = Work::Idle;
         w.held = false;
         w.renew_at = 255;
