@@ -192,19 +192,34 @@ pub struct FileWait {
     pub wait: HumanDuration,
 }
 
-/// `errors: problem`, `errors: stripe`, or `errors: { template: '…', content_type: … }`.
-pub type FileErrors = WordOr<FileErrorTemplate>;
+/// `errors: problem` (or a preset's name: `stripe`, `square`, …), or
+/// `errors: { preset: square, outcomes: {…} }`, or
+/// `errors: { template: '…', content_type: …, outcomes: {…} }`.
+pub type FileErrors = WordOr<FileErrorSpec>;
 
-/// The template form of `errors`.
-#[derive(Debug, Clone, Deserialize)]
+/// The mapping form of `errors`.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FileErrorTemplate {
-    pub template: String,
+pub struct FileErrorSpec {
+    pub preset: Option<String>,
+    pub template: Option<String>,
     pub content_type: Option<String>,
+    pub outcomes: Option<std::collections::BTreeMap<String, FileOutcome>>,
 }
 
-impl Shape for FileErrorTemplate {
-    const EXPECTING: &'static str = "`problem`, `stripe`, or `{ template: '{\"error\": \"{code}\"}', content_type: application/json }`";
+impl Shape for FileErrorSpec {
+    const EXPECTING: &'static str = "`problem`, a preset (`stripe`, `adyen`, `paypal`, `checkout`, `square`), `{ preset: square, outcomes: { key-reused: { status: 400, code: … } } }`, or `{ template: '{\"error\": \"{code}\"}', content_type: application/json }`";
+}
+
+/// One outcome's answer in `errors.outcomes`, each part optional.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileOutcome {
+    pub status: Option<u16>,
+    pub code: Option<String>,
+    pub message: Option<String>,
+    pub category: Option<String>,
+    pub headers: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// `key_from: { body: /idempotency_key }` — a key for clients that cannot send headers.

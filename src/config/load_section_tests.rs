@@ -165,3 +165,66 @@ fn error_dialects_are_configured_and_checked() {
     let e = err(&format!("{UP}defaults:\n  errors: graphql\n"));
     assert!(e.contains("defaults.errors") && e.contains("stripe"), "{e}");
 }
+
+/// Presets by name or with `outcomes:` over them; everything that would make an answer
+/// unreadable refused with the key named.
+#[test]
+fn presets_and_outcomes_are_configured_and_checked() {
+    let c = load_str(
+        &format!(
+            "{UP}routes:\n  - name: a\n    path: /a\n    errors: square\n  - name: b\n    path: /b\n    errors:\n      preset: adyen\n      outcomes:\n        in-progress: {{ status: 409, headers: {{ X-Busy: 'yes' }} }}\n  - name: c\n    path: /c\n    errors:\n      outcomes:\n        key-reused: {{ status: 409, message: used }}\n"
+        ),
+        &Overrides::default(),
+    )
+    .unwrap();
+    let names: Vec<&str> = c
+        .routes
+        .routes()
+        .iter()
+        .map(|r| r.policy.errors.name())
+        .collect();
+    assert_eq!(names, ["square", "adyen", "problem"]);
+    assert!(!c.routes.routes()[2].policy.errors.is_plain());
+    for (errors, key, says) in [
+        ("errors: { preset: visa }", "errors.preset", "`visa`"),
+        (
+            "errors: { preset: adyen, template: '{}' }",
+            "errors",
+            "not both",
+        ),
+        (
+            "errors: { preset: adyen, content_type: text/plain }",
+            "errors.content_type",
+            "preset",
+        ),
+        (
+            "errors: { preset: adyen, outcomes: { key-used: {} } }",
+            "errors.outcomes.key-used",
+            "no outcome",
+        ),
+        (
+            "errors: { preset: adyen, outcomes: { key-reused: { status: 200 } } }",
+            "errors.outcomes.key-reused.status",
+            "not an error",
+        ),
+        (
+            "errors: { preset: adyen, outcomes: { key-reused: { headers: { Retry-After: '1' } } } }",
+            "errors.outcomes.key-reused.headers.Retry-After",
+            "sets this header",
+        ),
+        (
+            "errors: { outcomes: { key-reused: { code: X } } }",
+            "errors.outcomes.key-reused.code",
+            "problem document",
+        ),
+        ("errors: {}", "errors", "give `preset`"),
+    ] {
+        let e = err(&format!(
+            "{UP}routes:\n  - name: a\n    path: /a\n    {errors}\n"
+        ));
+        assert!(
+            e.contains(&format!("routes[0].{key}")) && e.contains(says),
+            "{errors}: {e}"
+        );
+    }
+}

@@ -11,7 +11,7 @@ use crate::dialect::{Dialect, Rendered, Said};
 impl ProxyError {
     /// The full response, with `Retry-After` where a retry will help.
     pub fn into_response(self) -> Response<ProxyBody> {
-        self.into_response_in(&Dialect::Problem)
+        self.into_response_in(&Dialect::default())
     }
 
     /// The status and body of this answer in `dialect` (for `check-config`).
@@ -21,13 +21,14 @@ impl ProxyError {
     }
 
     /// This answer in `dialect`: status, content type, body, retry hint.
-    fn rendered(&self, dialect: &Dialect) -> Rendered {
+    pub(crate) fn rendered(&self, dialect: &Dialect) -> Rendered {
         let (status, slug, title, detail) = self.entry();
         let kind = format!("{TYPE_PREFIX}{slug}");
         dialect.render(&Said {
             status,
             kind: &kind,
             code: slug,
+            category: "",
             title,
             detail: &detail,
             retry_after: self.retry_after(),
@@ -47,6 +48,9 @@ impl ProxyError {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if let Some(seconds) = retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        for (name, value) in rendered.headers {
+            headers.insert(name, value);
         }
         if let Some(retry) = rendered.should_retry {
             headers.insert(

@@ -66,11 +66,11 @@ impl ProxyError {
     }
 }
 
-/// For `check-config`: every answer of the proxy's own, rendered by each error template
-/// in use (`defaults.errors`, routes' `errors`), as comments — so an operator sees what
-/// the API's clients will be sent for each kind before they are.
+/// For `check-config`: every answer of the proxy's own, as each error dialect in use
+/// (`defaults.errors`, routes' `errors`) gives it — status, the dialect's own headers,
+/// body — as comments, so an operator sees what the API's clients will be sent for each
+/// kind before they are. Problem documents as they are (the default) are not repeated.
 pub fn rendered_templates(config: &crate::config::Config) -> String {
-    use crate::dialect::Dialect;
     let mut out = String::new();
     let defaults = std::iter::once(("defaults", &config.errors));
     let routes = config
@@ -78,24 +78,40 @@ pub fn rendered_templates(config: &crate::config::Config) -> String {
         .routes()
         .iter()
         .map(|r| (&*r.name, &r.policy.errors));
-    let mut shown: Vec<&std::sync::Arc<crate::dialect::Template>> = Vec::new();
+    // Each dialect once: routes inherit the one in `defaults`.
+    let mut shown: Vec<(&str, &crate::dialect::Dialect)> = Vec::new();
     for (name, dialect) in defaults.chain(routes) {
-        // Each template once: routes inherit the one in `defaults`.
-        let Dialect::Template(template) = dialect else {
-            continue;
-        };
-        if shown.iter().any(|t| std::sync::Arc::ptr_eq(t, template)) {
+        if dialect.is_plain() {
             continue;
         }
-        shown.push(template);
+        if let Some((first, _)) = shown.iter().find(|(_, d)| d.same_as(dialect)) {
+            out.push_str(&format!("# errors on {name}: as on {first}\n"));
+            continue;
+        }
+        shown.push((name, dialect));
         out.push_str(&format!(
-            "# errors on {name}, as its template renders them:\n"
+            "# errors on {name}, in the `{}` dialect:\n",
+            dialect.name()
         ));
         for error in ProxyError::examples() {
-            let (status, body) = error.render_in(dialect);
+            let rendered = error.rendered(dialect);
+            let mut own: Vec<String> = rendered
+                .headers
+                .iter()
+                .map(|(h, v)| format!("{h}: {}", String::from_utf8_lossy(v.as_bytes())))
+                .collect();
+            if let Some(retry) = rendered.should_retry {
+                own.push(format!("stripe-should-retry: {retry}"));
+            }
+            let headers = if own.is_empty() {
+                String::new()
+            } else {
+                format!(" [{}]", own.join(", "))
+            };
             out.push_str(&format!(
-                "#   {status} {}\n",
-                String::from_utf8_lossy(&body)
+                "#   {}{headers} {}\n",
+                rendered.status.as_u16(),
+                String::from_utf8_lossy(&rendered.body)
             ));
         }
     }

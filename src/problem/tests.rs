@@ -80,16 +80,16 @@ fn every_problem_type_is_documented() {
 /// the same status (but a reused key under Stripe's, `400`) and the same `Retry-After`.
 #[test]
 fn every_kind_renders_in_every_dialect() {
-    use crate::dialect::{Dialect, Template};
+    use crate::dialect::{Dialect, Shape, Template};
     let template = Template::parse(
         r#"{"errorCode": "{code}", "error": {"message": "{detail}", "status": {status}, "retryAfter": {retry_after}}}"#,
         Some("application/vnd.acme+json"),
     )
     .unwrap();
     let dialects = [
-        Dialect::Problem,
-        Dialect::Stripe,
-        Dialect::Template(std::sync::Arc::new(template)),
+        Dialect::default(),
+        Dialect::stripe(),
+        Dialect::template(template),
     ];
     for err in ProxyError::examples() {
         let status = err.status();
@@ -102,9 +102,9 @@ fn every_kind_renders_in_every_dialect() {
             let (code, body) = err.render_in(dialect);
             let v: serde_json::Value = serde_json::from_slice(&body)
                 .unwrap_or_else(|e| panic!("{slug} in {}: {e}", dialect.name()));
-            match dialect {
-                Dialect::Problem => assert_eq!(v["status"], status.as_u16()),
-                Dialect::Stripe => {
+            match dialect.shape() {
+                Shape::Problem => assert_eq!(v["status"], status.as_u16()),
+                Shape::Stripe => {
                     assert!(v["error"]["type"].is_string() && v["error"]["message"].is_string());
                     let expected = if slug == "key-reused" {
                         400
@@ -113,7 +113,7 @@ fn every_kind_renders_in_every_dialect() {
                     };
                     assert_eq!(code, expected, "{slug}");
                 }
-                Dialect::Template(_) => {
+                Shape::Template(_) => {
                     assert_eq!(v["errorCode"], slug.as_str());
                     assert_eq!(v["error"]["status"], status.as_u16());
                     assert_eq!(
@@ -125,4 +125,21 @@ fn every_kind_renders_in_every_dialect() {
             }
         }
     }
+}
+
+/// `errors.outcomes` may name exactly the outcomes the proxy has.
+#[test]
+fn the_outcomes_a_dialect_may_name_are_the_problem_types() {
+    let mut slugs: Vec<String> = ProxyError::examples()
+        .iter()
+        .map(|e| e.problem().kind.trim_start_matches(TYPE_PREFIX).to_owned())
+        .collect();
+    slugs.sort();
+    slugs.dedup();
+    let mut named: Vec<String> = crate::dialect::OUTCOMES
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    named.sort();
+    assert_eq!(slugs, named);
 }

@@ -5,6 +5,7 @@
 
 mod background;
 mod encryption;
+mod errors;
 mod keys;
 mod limits;
 mod policy;

@@ -6,11 +6,10 @@ use http::{HeaderName, Method};
 
 use super::keys::build_keys;
 use super::{Problems, header_name};
-use crate::config::file::{FileErrors, FileOnConflict, FilePolicy};
+use crate::config::file::{FileOnConflict, FilePolicy};
 use crate::config::model::*;
 use crate::config::policy::*;
 use crate::config::units::format_duration;
-use crate::dialect::{Dialect, Template};
 
 /// Merges `own` over `base` (or over the built-in defaults when `base` is `None`).
 pub(super) fn merge_policy(
@@ -35,7 +34,7 @@ pub(super) fn merge_policy(
         .unwrap_or(false);
     let on_conflict = on_conflict(p, at, base, own);
     let after = after_the_upstream(p, at, base, own);
-    let errors = errors(p, at, base, own);
+    let errors = super::errors::errors(p, at, base, own.errors.as_ref());
     if p.0.len() != before {
         return None;
     }
@@ -65,32 +64,6 @@ pub(super) fn merge_policy(
         takeover: after.takeover,
         errors,
     })
-}
-
-/// `errors`: the dialect of the proxy's own error answers; a template is checked to
-/// render valid JSON for every answer.
-fn errors(p: &mut Problems, at: &str, base: Option<&Policy>, own: &FilePolicy) -> Dialect {
-    match &own.errors {
-        None => base.map(|b| b.errors.clone()).unwrap_or_default(),
-        Some(FileErrors::Word(w)) if w == "problem" => Dialect::Problem,
-        Some(FileErrors::Word(w)) if w == "stripe" => Dialect::Stripe,
-        Some(FileErrors::Word(w)) => {
-            p.push(
-                format!("{at}.errors"),
-                format!("`{w}`: use `problem`, `stripe`, or `{{ template: '…' }}`"),
-            );
-            Dialect::Problem
-        }
-        Some(FileErrors::Spec(t)) => {
-            match Template::parse(&t.template, t.content_type.as_deref()) {
-                Ok(template) => Dialect::Template(std::sync::Arc::new(template)),
-                Err(e) => {
-                    p.push(format!("{at}.errors.template"), e);
-                    Dialect::Problem
-                }
-            }
-        }
-    }
 }
 
 /// The lease (long enough to be renewed within the store's timeout) and the retention
