@@ -67,9 +67,9 @@ fn key_forms_are_checked() {
         e.contains("routes[0].upstream_key:") && e.contains("routes[0].key_from.body"),
         "{e}"
     );
-    let e = err(&route("    derived_key: { max_length: 40 }\n"));
+    let e = err(&route("    derived_key: { max_length: 21 }\n"));
     assert!(
-        e.contains("routes[0].derived_key.max_length") && e.contains("64"),
+        e.contains("routes[0].derived_key.max_length") && e.contains("22"),
         "{e}"
     );
     let e = err(&route("    derived_key: { hash: md5 }\n"));

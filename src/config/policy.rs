@@ -86,8 +86,35 @@ pub enum DerivedKey {
     Plain,
     /// The SHA-256 of the plain form, 64 hex characters.
     Sha256,
-    /// Plain when it is at most this long, else the SHA-256 form.
+    /// Plain when it is at most this long, else a SHA-256 form that fits: 64 hex
+    /// characters where 64 fit, else base64url cut to the limit (at most 43 characters,
+    /// the whole hash; at least [`MIN_HASHED_LEN`]).
     MaxLength(usize),
+}
+
+/// The shortest `derived_key.max_length`: 22 base64url characters, 132 bits of the hash.
+pub const MIN_HASHED_LEN: usize = 22;
+
+impl DerivedKey {
+    /// For `check-config`: which key a route sends and why.
+    pub fn explain(self) -> String {
+        match self {
+            DerivedKey::Plain => "client_id:key as it is (up to 511 characters)".into(),
+            DerivedKey::Sha256 => "the SHA-256 of client_id:key, 64 hex characters".into(),
+            DerivedKey::MaxLength(n) if n >= 64 => format!(
+                "client_id:key where it fits in {n} characters, else its SHA-256 in 64 hex characters"
+            ),
+            DerivedKey::MaxLength(n) => {
+                let len = n.min(43);
+                let bits = (len * 6).min(256);
+                // Birthday bound at a trillion keys: (10^12)^2 / 2^(bits+1).
+                let exponent = (bits as f64 + 1.0) * 2f64.log10() - 24.0;
+                format!(
+                    "client_id:key where it fits in {n} characters, else its SHA-256 in base64url cut to {len} characters ({bits} bits: among a trillion keys, two meet with odds of about 1 in 10^{exponent:.0}); it never contains `:`, so it never equals another client's plain key"
+                )
+            }
+        }
+    }
 }
 
 /// Where a protected answer echoes the client's key.

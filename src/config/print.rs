@@ -244,11 +244,12 @@ fn write_route(f: &mut fmt::Formatter<'_>, route: &Route) -> fmt::Result {
     writeln!(f, "    path: {}", route.pattern.as_str())?;
     let keys: Vec<&str> = p.key_headers.iter().map(HeaderName::as_str).collect();
     writeln!(f, "    key_headers: [{}]", keys.join(", "))?;
-    match p.derived_key {
-        DerivedKey::Plain => writeln!(f, "    derived_key: plain")?,
-        DerivedKey::Sha256 => writeln!(f, "    derived_key: {{ hash: sha256 }}")?,
-        DerivedKey::MaxLength(n) => writeln!(f, "    derived_key: {{ max_length: {n} }}")?,
-    }
+    let form = match p.derived_key {
+        DerivedKey::Plain => "plain".to_owned(),
+        DerivedKey::Sha256 => "{ hash: sha256 }".to_owned(),
+        DerivedKey::MaxLength(n) => format!("{{ max_length: {n} }}"),
+    };
+    writeln!(f, "    derived_key: {form}   # {}", p.derived_key.explain())?;
     if let Some(pointer) = &p.upstream_key_body {
         writeln!(f, "    upstream_key: {{ body: \"{pointer}\" }}")?;
     }

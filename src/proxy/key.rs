@@ -246,8 +246,18 @@ pub fn formatted_derived_key(
     match form {
         DerivedKey::Plain => None,
         DerivedKey::MaxLength(n) if plain.len() <= n => None,
-        DerivedKey::Sha256 | DerivedKey::MaxLength(_) => {
+        DerivedKey::Sha256 => Some(crate::key::hex(&Sha256::digest(plain.as_bytes()))),
+        DerivedKey::MaxLength(n) if n >= 64 => {
             Some(crate::key::hex(&Sha256::digest(plain.as_bytes())))
+        }
+        // A limit under 64 (Square's 45): base64url, cut to the limit. It has no `:`, so
+        // it never equals a plain `client_id:key`.
+        DerivedKey::MaxLength(n) => {
+            use base64::Engine;
+            let mut short = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .encode(Sha256::digest(plain.as_bytes()));
+            short.truncate(n);
+            Some(short)
         }
     }
 }

@@ -69,6 +69,10 @@ routes:
     methods: [POST]
     path: /shortened
     derived_key: { max_length: 64 }
+  - name: square-short
+    methods: [POST]
+    path: /square-short
+    derived_key: { max_length: 45 }
   - name: quiet
     methods: [POST]
     path: /quiet
@@ -480,7 +484,49 @@ async fn derived_keys_fit_the_provider(db: Backend) {
         seen[2].headers["idempotency-key"].to_str().unwrap(),
         sha256_hex(&format!("shop-1:{long}"))
     );
+    // A limit under 64 (Square's 45): a key at Square's own maximum does not fit with
+    // its client id, and goes as 43 base64url characters — another client's the same key
+    // as another, and a short key still as it is.
+    let square = "k".repeat(45);
+    send(
+        &client,
+        "/square-short",
+        &[("idempotency-key", &square)],
+        BODY,
+    )
+    .await;
+    let other = [
+        ("content-type", "application/json"),
+        ("x-client-id", "shop-2"),
+        ("idempotency-key", square.as_str()),
+    ];
+    client.send("POST", "/square-short", &other, BODY).await;
+    send(
+        &client,
+        "/square-short",
+        &[("idempotency-key", "short-sq")],
+        BODY,
+    )
+    .await;
+    let seen = upstream.seen();
+    let sent = |i: usize| {
+        seen[i].headers["idempotency-key"]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(sent(3), base64url_sha256(&format!("shop-1:{square}")));
+    assert_eq!(sent(3).len(), 43);
+    assert_eq!(sent(4), base64url_sha256(&format!("shop-2:{square}")));
+    assert_ne!(sent(3), sent(4));
+    assert_eq!(sent(5), "shop-1:short-sq");
     proxy.stop().await;
+}
+
+fn base64url_sha256(text: &str) -> String {
+    use base64::Engine;
+    use sha2::Digest;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(text.as_bytes()))
 }
 
 /// The derived key is kept with the reservation: when `derived_key:` changes between an

@@ -189,9 +189,6 @@ fn body_pointer(p: &mut Problems, at: &str, pointer: Option<&str>) -> Option<Str
     }
 }
 
-/// A SHA-256 derived key's length: the shortest `max_length` can be.
-const HASHED_LEN: usize = 64;
-
 /// `derived_key: plain | { hash: sha256 } | { max_length: N }`.
 fn derived_key(p: &mut Problems, at: &str, base: Option<&Policy>, own: &FilePolicy) -> DerivedKey {
     let key = format!("{at}.derived_key");
@@ -214,10 +211,10 @@ fn derived_key(p: &mut Problems, at: &str, base: Option<&Policy>, own: &FilePoli
                 );
                 DerivedKey::Plain
             }
-            (None, Some(n)) if n < HASHED_LEN => {
+            (None, Some(n)) if n < MIN_HASHED_LEN => {
                 p.push(
                     format!("{key}.max_length"),
-                    format!("{n} is shorter than a hashed key ({HASHED_LEN} characters), so a long key could not be sent at all; the provider needs to accept at least {HASHED_LEN}"),
+                    format!("{n} is shorter than the shortest hashed key ({MIN_HASHED_LEN} base64url characters, 132 bits), so a long key could not be sent without letting two keys meet; the provider needs to accept at least {MIN_HASHED_LEN}"),
                 );
                 DerivedKey::Plain
             }
