@@ -178,8 +178,18 @@ pub struct FileEmbedded {
 pub struct FileClientId {
     pub header: Option<String>,
     pub authorization: Option<String>,
+    pub credentials: Option<FileCredentials>,
     #[serde(rename = "static")]
     pub static_name: Option<String>,
+}
+
+/// `client_id: { credentials: { header, tenants: { name: [sha256:…] }, unlisted } }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileCredentials {
+    pub header: Option<String>,
+    pub tenants: Option<std::collections::BTreeMap<String, Vec<String>>>,
+    pub unlisted: Option<String>,
 }
 
 /// `on_conflict: reject` or `on_conflict: { wait: 5s }`.

@@ -124,6 +124,27 @@ impl Config {
             ClientIdSource::AuthorizationSha256 => {
                 writeln!(f, "client_id:\n  authorization: sha256")?
             }
+            ClientIdSource::Credentials(c) => {
+                writeln!(f, "client_id:\n  credentials:\n    header: {}", c.header)?;
+                let mut tenants: std::collections::BTreeMap<&String, Vec<String>> =
+                    Default::default();
+                for (hash, tenant) in &c.tenants {
+                    let hash = format!("sha256:{}", crate::key::hex(hash));
+                    tenants.entry(tenant).or_default().push(hash);
+                }
+                writeln!(f, "    tenants:")?;
+                for (tenant, mut hashes) in tenants {
+                    hashes.sort();
+                    let name = serde_json::to_string(tenant).map_err(|_| fmt::Error)?;
+                    writeln!(f, "      {name}: [{}]", hashes.join(", "))?;
+                }
+                let unlisted = if c.unlisted_own_namespace {
+                    "sha256"
+                } else {
+                    "refuse"
+                };
+                writeln!(f, "    unlisted: {unlisted}")?;
+            }
             ClientIdSource::Static(name) => writeln!(f, "client_id:\n  static: {name}")?,
         }
         writeln!(

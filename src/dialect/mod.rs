@@ -190,6 +190,11 @@ impl Dialect {
         self
     }
 
+    /// The payment API whose preset this is, if any.
+    pub fn api(&self) -> Option<Preset> {
+        self.preset
+    }
+
     pub fn shape(&self) -> &Shape {
         &self.shape
     }

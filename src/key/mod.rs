@@ -76,6 +76,9 @@ key_type!(
     UpstreamKey
 );
 
+/// Longest accepted client identity (from a header, or a tenant's name).
+pub const MAX_CLIENT_ID_LEN: usize = 255;
+
 /// Whether every character is printable ASCII (space to `~`).
 pub fn is_visible_ascii(s: &str) -> bool {
     s.bytes().all(|b| (0x20..=0x7e).contains(&b))

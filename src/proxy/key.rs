@@ -7,13 +7,11 @@ use http::{HeaderMap, HeaderName, header};
 use sha2::{Digest, Sha256};
 
 use crate::config::ClientIdSource;
-use crate::key::{hex, is_visible_ascii};
+use crate::key::{MAX_CLIENT_ID_LEN, hex, is_visible_ascii};
 use crate::problem::ProxyError;
 
 /// Longest accepted key, after unquoting.
 pub const MAX_KEY_LEN: usize = 255;
-/// Longest accepted client identity from a header.
-pub const MAX_CLIENT_ID_LEN: usize = 255;
 
 /// Reads the key: `None` when absent, an error reason when present but unusable.
 ///
@@ -204,6 +202,27 @@ pub fn client_id(headers: &HeaderMap, source: &ClientIdSource) -> Result<String,
             let digest = Sha256::digest(value.as_bytes());
             Ok(hex(&digest))
         }
+        ClientIdSource::Credentials(creds) => {
+            let mut values = headers.get_all(&creds.header).iter();
+            let name = &creds.header;
+            let (Some(value), None) = (values.next(), values.next()) else {
+                return Err(ProxyError::MissingClientId {
+                    what: format!("exactly one `{name}` header is required"),
+                    unauthorized: true,
+                });
+            };
+            let digest: [u8; 32] = Sha256::digest(value.as_bytes()).into();
+            match creds.tenants.get(&digest) {
+                Some(tenant) => Ok(tenant.clone()),
+                None if creds.unlisted_own_namespace => Ok(format!("sha256:{}", hex(&digest))),
+                None => Err(ProxyError::MissingClientId {
+                    what: format!(
+                        "the credential in `{name}` is not one that client_id.credentials names a tenant for"
+                    ),
+                    unauthorized: true,
+                }),
+            }
+        }
         ClientIdSource::Header(name) => {
             let mut values = headers.get_all(name).iter();
             let Some(value) = values.next() else {
@@ -266,6 +285,7 @@ pub fn formatted_derived_key(
 mod tests {
     use super::*;
     use http::HeaderValue;
+    use std::sync::Arc;
 
     fn key(values: &[&[u8]]) -> Result<Option<String>, String> {
         let mut h = HeaderMap::new();
@@ -327,5 +347,38 @@ mod tests {
             client_id(&h, &ClientIdSource::AuthorizationSha256).unwrap(),
             a
         );
+    }
+
+    /// Two credentials named for one tenant are one namespace; an unlisted one is a `401`,
+    /// or its own namespace when asked, never a tenant's.
+    #[test]
+    fn credentials_name_a_tenant() {
+        use crate::config::Credentials;
+        let hash = |v: &str| -> [u8; 32] { Sha256::digest(v.as_bytes()).into() };
+        let mut creds = Credentials {
+            header: HeaderName::from_static("x-api-key"),
+            tenants: [
+                (hash("key-old"), "shop-1".to_owned()),
+                (hash("key-new"), "shop-1".to_owned()),
+                (hash("key-other"), "shop-2".to_owned()),
+            ]
+            .into(),
+            unlisted_own_namespace: false,
+        };
+        let with = |creds: &Credentials, value: Option<&'static str>| {
+            let mut h = HeaderMap::new();
+            if let Some(v) = value {
+                h.insert("x-api-key", HeaderValue::from_static(v));
+            }
+            client_id(&h, &ClientIdSource::Credentials(Arc::new(creds.clone())))
+        };
+        assert_eq!(with(&creds, Some("key-old")).unwrap(), "shop-1");
+        assert_eq!(with(&creds, Some("key-new")).unwrap(), "shop-1");
+        assert_eq!(with(&creds, Some("key-other")).unwrap(), "shop-2");
+        assert_eq!(with(&creds, Some("key-stolen")).unwrap_err().status(), 401);
+        assert_eq!(with(&creds, None).unwrap_err().status(), 401);
+        creds.unlisted_own_namespace = true;
+        let own = with(&creds, Some("key-stolen")).unwrap();
+        assert_eq!(own, format!("sha256:{}", hex(&hash("key-stolen"))));
     }
 }

@@ -4,6 +4,7 @@
 //! here.
 
 mod background;
+mod client_id;
 mod encryption;
 mod errors;
 mod keys;
@@ -23,6 +24,7 @@ use super::policy::*;
 use crate::config::RouteTable;
 use crate::route::PathPattern;
 use background::{build_reconcile, build_sweep, build_tracing};
+use client_id::{build_client_id, rotating_identity_warnings};
 use encryption::build_encryption;
 use limits::build_limits;
 use policy::merge_policy;
@@ -195,6 +197,9 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
         );
     }
     let mut warnings = warnings;
+    if let Some(source) = &client_id {
+        warnings.extend(rotating_identity_warnings(source, &routes));
+    }
     if let Some(StoreConfig::Postgres(pg)) = &store {
         warnings.extend(store::failover_warning(pg));
     }
@@ -251,52 +256,6 @@ fn parse_addr(
             None
         }
     }
-}
-
-fn build_client_id(p: &mut Problems, file: &FileConfig) -> Option<ClientIdSource> {
-    let Some(c) = &file.client_id else {
-        return Some(ClientIdSource::Static("default".into()));
-    };
-    let given = [
-        c.header.is_some(),
-        c.authorization.is_some(),
-        c.static_name.is_some(),
-    ];
-    if given.iter().filter(|g| **g).count() != 1 {
-        p.push(
-            "client_id",
-            "set exactly one of `header`, `authorization` or `static`",
-        );
-        return None;
-    }
-    if let Some(h) = &c.header {
-        return match HeaderName::from_bytes(h.as_bytes()) {
-            Ok(name) => Some(ClientIdSource::Header(name)),
-            Err(_) => {
-                p.push("client_id.header", format!("`{h}` is not a header name"));
-                None
-            }
-        };
-    }
-    if let Some(a) = &c.authorization {
-        if a != "sha256" {
-            p.push(
-                "client_id.authorization",
-                format!("`{a}`: the only supported value is `sha256`"),
-            );
-            return None;
-        }
-        return Some(ClientIdSource::AuthorizationSha256);
-    }
-    let name = c.static_name.clone().unwrap_or_default();
-    if name.is_empty() || !crate::key::is_visible_ascii(&name) {
-        p.push(
-            "client_id.static",
-            "must be a non-empty printable ASCII name",
-        );
-        return None;
-    }
-    Some(ClientIdSource::Static(name))
 }
 
 fn header_name(p: &mut Problems, key: String, value: &str) -> Option<HeaderName> {
