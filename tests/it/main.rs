@@ -43,6 +43,7 @@ mod replay;
 mod replay_cache;
 mod replicas;
 mod schema;
+mod sdk_apis;
 mod sdk_stripe;
 mod server_threads;
 mod server_tuning;

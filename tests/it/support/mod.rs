@@ -2,7 +2,8 @@
 //! embedded file per test), upstreams ([`upstream`]: a real HTTP server on an ephemeral
 //! port that counts executions), proxies ([`proxies`]: the library's server in this
 //! process, or the binary in its own), clients ([`clients`]), faults ([`relay`]: a cuttable
-//! TCP relay; [`cluster`]: throwaway PostgreSQL clusters), stored bytes ([`at_rest`]); and
+//! TCP relay; [`cluster`]: throwaway PostgreSQL clusters), stored bytes ([`at_rest`]), payment
+//! APIs' providers ([`provider`]); and
 //! here what many tests share (the usual configuration, polling with a budget).
 
 pub mod at_rest;
@@ -10,6 +11,7 @@ pub mod clients;
 pub mod cluster;
 pub mod db;
 pub mod h2raw;
+pub mod provider;
 pub mod proxies;
 pub mod relay;
 pub mod upstream;
