@@ -47,6 +47,7 @@ pub mod demo;
 pub mod dialect;
 pub mod fingerprint;
 pub mod http1;
+pub mod jwt;
 pub mod key;
 pub mod metrics;
 pub mod otlp;

@@ -179,8 +179,20 @@ pub struct FileClientId {
     pub header: Option<String>,
     pub authorization: Option<String>,
     pub credentials: Option<FileCredentials>,
+    pub jwt: Option<FileJwt>,
     #[serde(rename = "static")]
     pub static_name: Option<String>,
+}
+
+/// `client_id: { jwt: { claim, keys: { file: jwks.json }, issuer, audience, leeway } }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileJwt {
+    pub claim: Option<String>,
+    pub keys: Option<FileSecretSpec>,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub leeway: Option<HumanDuration>,
 }
 
 /// `client_id: { credentials: { header, tenants: { name: [sha256:…] }, unlisted } }`.

@@ -286,8 +286,11 @@ fn credentials_name_tenants() {
             "at least one tenant",
         ),
         (
-            &format!("credentials:\n    tenants:\n      'sha256:x': [{a}]\n"),
-            "client_id.credentials.tenants.sha256:x",
+            &format!(
+                "credentials:\n    tenants:\n      {}: [{a}]\n",
+                "0f".repeat(32)
+            ),
+            "client_id.credentials.tenants.0f0f",
             "name the tenant otherwise",
         ),
         (
@@ -340,4 +343,77 @@ fn rotating_identities_are_warned_about() {
     assert!(warnings("header: X-Tenant", "errors: paypal").is_empty());
     assert!(warnings("static: shop", "errors: paypal").is_empty());
     assert!(warnings("authorization: sha256", "errors: stripe").is_empty());
+}
+
+/// `client_id.jwt` reads its JWKS at start (from the environment or a file, never inline),
+/// prints back loadable, and refuses keys it could not check a token with.
+#[test]
+fn jwt_identities_are_configured_and_checked() {
+    use base64::Engine;
+    let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode([7u8; 32]);
+    let jwks = format!(r#"{{"keys": [{{"kty": "oct", "kid": "h1", "k": "{secret}"}}]}}"#);
+    let env = |jwks: &str| Overrides {
+        env: Some([("JWKS".to_owned(), jwks.to_owned())].into()),
+        ..Overrides::default()
+    };
+    let text = format!(
+        "{UP}client_id:\n  jwt:\n    claim: tenant_id\n    keys: {{ env: JWKS }}\n    issuer: https://auth.example\n    leeway: 30s\n"
+    );
+    let c = load_str(&text, &env(&jwks)).unwrap();
+    let ClientIdSource::Jwt(j) = &c.client_id else {
+        panic!("{:?}", c.client_id)
+    };
+    assert_eq!(j.verifier.claim(), "tenant_id");
+    assert_eq!(j.verifier.leeway(), std::time::Duration::from_secs(30));
+    let printed = c.to_string();
+    assert!(
+        printed.contains("keys: { env: \"JWKS\" }   # h1 (HS256)")
+            && printed.contains("issuer: \"https://auth.example\"")
+            && !printed.contains(&secret),
+        "{printed}"
+    );
+    let again = load_str(&printed, &env(&jwks)).unwrap();
+    assert_eq!(again.client_id, c.client_id);
+    // A JWT's claim does not rotate with the token: no warning on a PayPal route.
+    let paypal = format!("{text}routes:\n  - name: orders\n    path: /o\n    errors: paypal\n");
+    let warnings = load_str(&paypal, &env(&jwks)).unwrap().warnings;
+    assert!(
+        !warnings.iter().any(|w| w.contains("OAuth")),
+        "{warnings:?}"
+    );
+
+    for (section, jwks, says) in [
+        ("jwt: {}\n", "", "client_id.jwt.keys: required"),
+        (
+            "jwt:\n    keys: inline\n",
+            "",
+            "never written in the configuration",
+        ),
+        (
+            "jwt:\n    keys: { env: JWKS }\n",
+            "{\"keys\": []}",
+            "no `keys`",
+        ),
+        (
+            "jwt:\n    keys: { env: JWKS }\n",
+            "{\"keys\": [{\"kty\": \"oct\", \"k\": \"c2hvcnQ\"}]}",
+            "keys[0]: an HS256 secret",
+        ),
+        ("jwt:\n    keys: { env: NOPE }\n", "", "NOPE is not set"),
+        (
+            "jwt:\n    claim: ''\n    keys: { env: JWKS }\n",
+            &jwks,
+            "client_id.jwt.claim",
+        ),
+        (
+            "jwt:\n    audience: ''\n    keys: { env: JWKS }\n",
+            &jwks,
+            "leave them out",
+        ),
+    ] {
+        let e = load_str(&format!("{UP}client_id:\n  {section}"), &env(jwks))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{section}: {e}");
+    }
 }

@@ -1,9 +1,10 @@
 //! Configuration: the YAML file (`file`), its units (`units`), validation (`build`) and the
-//! typed result (`model`); `wording` puts the deserializer's messages in an operator's
+//! typed result (`model`, and the client identity in `identity`); `wording` puts the deserializer's messages in an operator's
 //! words. Only this module and the binary know about files and flags.
 
 mod build;
 mod file;
+mod identity;
 pub mod libpq;
 mod limits;
 mod load;
@@ -16,6 +17,7 @@ mod wording;
 
 pub(crate) use build::HOP_BY_HOP;
 pub use build::Overrides;
+pub use identity::*;
 pub use load::{ConfigError, load, load_store, load_str, parse_file};
 pub use model::*;
 pub use policy::*;

@@ -9,9 +9,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderName, Method};
+use http::Method;
 
 use super::RouteTable;
+use super::identity::ClientIdSource;
 pub use super::limits::*;
 
 /// Default proxy listener.
@@ -350,46 +351,6 @@ impl StoreConfig {
         match self {
             StoreConfig::Postgres(pg) => pg.timeout,
             StoreConfig::Embedded { timeout, .. } => *timeout,
-        }
-    }
-}
-
-/// Where the tenant namespace of a key comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClientIdSource {
-    /// A header set by a trusted auth layer in front of the proxy.
-    Header(HeaderName),
-    /// SHA-256 of the `Authorization` header: each credential is its own namespace.
-    AuthorizationSha256,
-    /// Credentials named to tenants, so that a tenant's keys stay one namespace across its
-    /// credentials (two API keys during a rotation, one per service).
-    Credentials(Arc<Credentials>),
-    /// One fixed namespace (single-tenant sidecar).
-    Static(String),
-}
-
-/// `client_id.credentials`: which credential belongs to which tenant, by the SHA-256 of
-/// the header's value — the configuration never holds a secret.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Credentials {
-    /// The header carrying the credential (`Authorization`, `X-API-Key`).
-    pub header: HeaderName,
-    /// SHA-256 of the header's value → the tenant.
-    pub tenants: std::collections::HashMap<[u8; 32], String>,
-    /// An unlisted credential gets a namespace of its own (`sha256:` and its hash) instead
-    /// of a `401`.
-    pub unlisted_own_namespace: bool,
-}
-
-impl ClientIdSource {
-    /// Whether the identity comes from the `Authorization` header, whose bearer tokens an
-    /// OAuth client renews (and each SDK instance fetches its own).
-    pub fn from_authorization(&self) -> bool {
-        match self {
-            ClientIdSource::AuthorizationSha256 => true,
-            ClientIdSource::Credentials(c) => c.header == http::header::AUTHORIZATION,
-            ClientIdSource::Header(h) => h == http::header::AUTHORIZATION,
-            ClientIdSource::Static(_) => false,
         }
     }
 }

@@ -5,6 +5,7 @@ use std::fmt;
 
 use http::{HeaderName, Method};
 
+use super::identity::ClientIdSource;
 use super::model::*;
 use super::policy::*;
 use super::units::{format_duration, format_size};
@@ -144,6 +145,24 @@ impl Config {
                     "refuse"
                 };
                 writeln!(f, "    unlisted: {unlisted}")?;
+            }
+            ClientIdSource::Jwt(j) => {
+                let v = &j.verifier;
+                let quoted = |s: &str| serde_json::to_string(s).map_err(|_| fmt::Error);
+                writeln!(f, "client_id:\n  jwt:\n    claim: {}", quoted(v.claim())?)?;
+                writeln!(
+                    f,
+                    "    keys: {}   # {}",
+                    j.keys_from,
+                    v.describe_keys().join(", ")
+                )?;
+                if let Some(issuer) = v.issuer() {
+                    writeln!(f, "    issuer: {}", quoted(issuer)?)?;
+                }
+                if let Some(audience) = v.audience() {
+                    writeln!(f, "    audience: {}", quoted(audience)?)?;
+                }
+                writeln!(f, "    leeway: {}", format_duration(v.leeway()))?;
             }
             ClientIdSource::Static(name) => writeln!(f, "client_id:\n  static: {name}")?,
         }

@@ -6,6 +6,7 @@ mod conclude;
 mod faults;
 mod headers;
 mod held;
+mod identity;
 mod job;
 mod key;
 mod lease;

@@ -18,7 +18,8 @@ use tokio::sync::oneshot;
 
 use super::admission::{Admitted, ConnectionWork};
 use super::headers::detach_headers;
-use super::key::{body_key, client_id, formatted_derived_key, scoped_key};
+use super::identity::client_id;
+use super::key::{body_key, formatted_derived_key, scoped_key};
 use super::machine::{Answer, Job, Outcome, reserve_request, run, unreserved};
 use super::rewrite::set_key;
 use super::state::Shared;

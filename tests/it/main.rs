@@ -25,6 +25,7 @@ mod http1;
 mod http1_differential;
 mod http1_rfc;
 mod http2_refusals;
+mod identities;
 mod key_forms;
 mod kubernetes;
 mod model;

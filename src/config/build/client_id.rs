@@ -8,17 +8,28 @@ use std::sync::Arc;
 use http::HeaderName;
 
 use super::Problems;
+use super::encryption::{Env, read_secret};
 use crate::config::Route;
-use crate::config::file::{FileClientId, FileConfig, FileCredentials};
-use crate::config::model::{ClientIdSource, Credentials};
+use crate::config::file::{FileClientId, FileConfig, FileCredentials, FileJwt};
+use crate::config::identity::{ClientIdSource, Credentials, JwtSource};
 use crate::dialect::Preset;
 use crate::key::MAX_CLIENT_ID_LEN;
 
-/// The prefix of the namespace an unlisted credential gets (`unlisted: sha256`); tenant
-/// names may not start with it, so the two never meet.
-pub(crate) const UNLISTED_PREFIX: &str = "sha256:";
+/// Whether `name` has the form of an unlisted credential's namespace (`unlisted: sha256`:
+/// the hash in hex, as `authorization: sha256` names it); no tenant may, so the two never
+/// meet.
+fn is_hash_like(name: &str) -> bool {
+    name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit())
+}
 
-pub(super) fn build_client_id(p: &mut Problems, file: &FileConfig) -> Option<ClientIdSource> {
+/// How far a token's `exp` and `nbf` may be off the proxy's clock by default.
+const DEFAULT_LEEWAY: std::time::Duration = std::time::Duration::from_secs(60);
+
+pub(super) fn build_client_id(
+    p: &mut Problems,
+    file: &FileConfig,
+    env: Env<'_>,
+) -> Option<ClientIdSource> {
     let Some(c) = &file.client_id else {
         return Some(ClientIdSource::Static("default".into()));
     };
@@ -26,12 +37,13 @@ pub(super) fn build_client_id(p: &mut Problems, file: &FileConfig) -> Option<Cli
         c.header.is_some(),
         c.authorization.is_some(),
         c.credentials.is_some(),
+        c.jwt.is_some(),
         c.static_name.is_some(),
     ];
     if given.iter().filter(|g| **g).count() != 1 {
         p.push(
             "client_id",
-            "set exactly one of `header`, `authorization`, `credentials` or `static`",
+            "set exactly one of `header`, `authorization`, `credentials`, `jwt` or `static`",
         );
         return None;
     }
@@ -62,6 +74,9 @@ pub(super) fn build_client_id(p: &mut Problems, file: &FileConfig) -> Option<Cli
             credentials: Some(creds),
             ..
         } => build_credentials(p, creds).map(|c| ClientIdSource::Credentials(Arc::new(c))),
+        FileClientId { jwt: Some(jwt), .. } => {
+            build_jwt(p, jwt, env).map(|j| ClientIdSource::Jwt(Arc::new(j)))
+        }
         _ => {
             let name = c.static_name.clone().unwrap_or_default();
             if name.is_empty() || !crate::key::is_visible_ascii(&name) {
@@ -112,10 +127,10 @@ fn build_credentials(p: &mut Problems, file: &FileCredentials) -> Option<Credent
                 &key,
                 format!("a tenant's name is 1 to {MAX_CLIENT_ID_LEN} printable ASCII characters"),
             );
-        } else if tenant.starts_with(UNLISTED_PREFIX) {
+        } else if is_hash_like(tenant) {
             p.push(
                 &key,
-                format!("`{UNLISTED_PREFIX}` starts the namespaces of unlisted credentials; name the tenant otherwise"),
+                "64 hex digits name an unlisted credential's namespace (its SHA-256); name the tenant otherwise",
             );
         }
         if hashes.is_empty() {
@@ -147,6 +162,58 @@ fn build_credentials(p: &mut Problems, file: &FileCredentials) -> Option<Credent
     })
 }
 
+/// `client_id.jwt`: the keys read and parsed now, so that a JWKS the proxy could not check
+/// with stops the start instead of refusing every request.
+fn build_jwt(p: &mut Problems, file: &FileJwt, env: Env<'_>) -> Option<JwtSource> {
+    let claim = file.claim.clone().unwrap_or_else(|| "sub".to_owned());
+    if claim.is_empty() {
+        p.push(
+            "client_id.jwt.claim",
+            "name the claim that identifies the tenant (`sub`, `client_id`, `tenant_id`, …)",
+        );
+        return None;
+    }
+    let Some(spec) = &file.keys else {
+        p.push(
+            "client_id.jwt.keys",
+            "required: the JWKS the tokens are verified with, `{ file: /etc/idemproxy/jwks.json }` (your identity provider's jwks_uri document) or `{ env: NAME }`",
+        );
+        return None;
+    };
+    let (keys_from, text) = match read_secret(spec, env) {
+        Ok(read) => read,
+        Err(e) => {
+            p.push("client_id.jwt.keys", e);
+            return None;
+        }
+    };
+    let empty = |v: &Option<String>| v.as_deref().is_some_and(str::is_empty);
+    if empty(&file.issuer) || empty(&file.audience) {
+        p.push(
+            "client_id.jwt",
+            "`issuer` and `audience` are checked when given: leave them out rather than empty",
+        );
+        return None;
+    }
+    let leeway = file.leeway.map_or(DEFAULT_LEEWAY, |d| d.0);
+    match crate::jwt::Verifier::from_jwks(
+        &text,
+        claim,
+        file.issuer.clone(),
+        file.audience.clone(),
+        leeway,
+    ) {
+        Ok(verifier) => Some(JwtSource {
+            verifier,
+            keys_from,
+        }),
+        Err(e) => {
+            p.push("client_id.jwt.keys", e);
+            None
+        }
+    }
+}
+
 fn parse_sha256(text: &str) -> Option<[u8; 32]> {
     let hex = text.strip_prefix("sha256:")?;
     if hex.len() != 64 {
@@ -163,7 +230,7 @@ fn parse_sha256(text: &str) -> Option<[u8; 32]> {
 /// token per instance and renew it every few hours) while the identity comes from the
 /// `Authorization` header: the same key under a renewed token lands in another namespace.
 pub(super) fn rotating_identity_warnings(source: &ClientIdSource, routes: &[Route]) -> Vec<String> {
-    if !source.from_authorization() {
+    if !source.rotates_with_oauth_tokens() {
         return Vec::new();
     }
     routes

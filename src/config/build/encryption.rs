@@ -15,7 +15,7 @@ use crate::vault::{KEY_BYTES, KeyMaterial};
 const MAX_ID: usize = 64;
 
 /// The environment secrets are read from: the given one, or the process's.
-type Env<'a> = Option<&'a std::collections::HashMap<String, String>>;
+pub(super) type Env<'a> = Option<&'a std::collections::HashMap<String, String>>;
 
 pub(super) fn build_encryption(
     p: &mut Problems,
@@ -141,6 +141,14 @@ fn read_keys(
 
 /// A key's printed source and its bytes.
 fn read_key(spec: &FileSecretSpec, env: Env<'_>) -> Result<(String, KeyMaterial), String> {
+    let (source, text) = read_secret(spec, env)?;
+    let material = decode(text.trim())?;
+    Ok((source, material))
+}
+
+/// A secret's printed source (`{ env: "NAME" }`, `{ file: "PATH" }`) and its text: from the
+/// environment or a mounted file, never from the configuration itself.
+pub(super) fn read_secret(spec: &FileSecretSpec, env: Env<'_>) -> Result<(String, String), String> {
     let secret = match spec {
         WordOr::Word(_) => {
             return Err(
@@ -179,8 +187,7 @@ fn read_key(spec: &FileSecretSpec, env: Env<'_>) -> Result<(String, KeyMaterial)
         }
         _ => return Err("give exactly one of `env` and `file`".to_owned()),
     };
-    let material = decode(text.trim())?;
-    Ok((source, material))
+    Ok((source, text))
 }
 
 fn decode(text: &str) -> Result<KeyMaterial, String> {

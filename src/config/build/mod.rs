@@ -19,6 +19,7 @@ use std::net::SocketAddr;
 use http::{HeaderName, Method};
 
 use super::file::FileConfig;
+use super::identity::ClientIdSource;
 use super::model::*;
 use super::policy::*;
 use crate::config::RouteTable;
@@ -133,7 +134,7 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
     );
     let upstream = build_upstream(&mut problems, &file);
     let store = build_store(&mut problems, &file);
-    let client_id = build_client_id(&mut problems, &file);
+    let client_id = build_client_id(&mut problems, &file, overrides.env.as_ref());
     let shutdown_grace = file.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0);
     let admin_token = file.admin_token.clone().filter(|t| !t.is_empty());
     if let Some(addr) = admin_listen
