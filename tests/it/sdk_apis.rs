@@ -21,9 +21,9 @@ use support::provider::{Api, Provider};
 use support::*;
 
 /// The route each API's page in docs/apis/ tells a user to copy, and the identity it
-/// recommends: a credential → tenant map where the API key is fixed, the gateway's header
-/// where it is an OAuth token (PayPal).
-fn config(api: Api, on_conflict: &str) -> String {
+/// recommends: a credential → tenant map where the API key is fixed; where it is an OAuth
+/// token (PayPal), `static` for one merchant or the gateway's header for several.
+fn config(api: Api, on_conflict: &str, one_merchant: bool) -> String {
     let route = match api {
         Api::Adyen => {
             "  - name: payments\n    path: /v72/payments\n    require_key: true\n    derived_key: { max_length: 64 }\n    errors: adyen\n"
@@ -39,6 +39,7 @@ fn config(api: Api, on_conflict: &str) -> String {
         }
     };
     let client_id = match api {
+        Api::PayPal if one_merchant => "  static: my-shop\n".to_owned(),
         Api::PayPal => "  header: X-Tenant\n".to_owned(),
         _ => {
             let header = match api {
@@ -91,7 +92,8 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// Runs the script for `api` against its proxies; its results, and the provider.
-async fn run(api: Api, name: &str) -> (Value, Provider) {
+/// `one_merchant`: PayPal as one merchant's SDK sends it, no gateway in front (`static`).
+async fn run(api: Api, name: &str, one_merchant: bool) -> (Value, Provider) {
     let python = std::env::var_os("IDEMPROXY_SDK_PYTHON").map_or_else(
         || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/.venv/bin/python"),
         PathBuf::from,
@@ -105,7 +107,7 @@ async fn run(api: Api, name: &str) -> (Value, Provider) {
     // The test support's proxy takes an `Upstream` for `{upstream}`; the provider is
     // substituted here instead.
     let spawn = |on_conflict: &str, store: Option<String>| {
-        let text = config(api, on_conflict).replace("{upstream}", &provider.url());
+        let text = config(api, on_conflict, one_merchant).replace("{upstream}", &provider.url());
         async move {
             let db = Backend::embedded();
             let text = text.replace("{store}", &store.unwrap_or_else(|| db.store_yaml()));
@@ -132,6 +134,7 @@ async fn run(api: Api, name: &str) -> (Value, Provider) {
         .env("TENANT_A1", a1)
         .env("TENANT_A2", a2)
         .env("TENANT_B", b)
+        .env("ONE_MERCHANT", if one_merchant { "1" } else { "" })
         .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(180), out)
@@ -209,16 +212,26 @@ fn check(api: Api, r: &Value, provider: &Provider, expect: &Expected) {
     assert!(a1.is_some(), "{api:?}: {r}");
     assert_eq!(id(&r["tenants"]["a2"]), a1, "{api:?}: {r}");
     let b = id(&r["tenants"]["b"]);
-    assert!(b.is_some() && b != a1, "{api:?}: {r}");
+    if expect.one_namespace {
+        // One merchant: every token is its namespace.
+        assert_eq!(b, a1, "{api:?}: {r}");
+    } else {
+        assert!(b.is_some() && b != a1, "{api:?}: {r}");
+    }
 
     // What reached the provider: create, in flight, waited, the 500, the longest key, and
     // the tenants' two — each once; nothing of the refusals or the store outage.
     let executions = provider.executions();
-    assert_eq!(executions.len(), 7, "{api:?}: {executions:?}\n{r}");
+    let payments = if expect.one_namespace { 6 } else { 7 };
+    assert_eq!(executions.len(), payments, "{api:?}: {executions:?}\n{r}");
     let mut keys: Vec<_> = executions.iter().map(|e| e.key.clone()).collect();
     keys.sort();
     keys.dedup();
-    assert_eq!(keys.len(), 7, "{api:?}: one key each: {executions:?}");
+    assert_eq!(
+        keys.len(),
+        payments,
+        "{api:?}: one key each: {executions:?}"
+    );
     if let Some(max) = api.max_key_len() {
         assert!(
             executions
@@ -238,11 +251,13 @@ struct Expected {
     down: (&'static str, u16, &'static str),
     /// The provider's own `500`, replayed: (class, code).
     failed: (&'static str, &'static str),
+    /// All callers are one namespace (`static`): tenant B's key replays A's.
+    one_namespace: bool,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adyen_python_reads_the_adyen_preset() {
-    let (r, provider) = run(Api::Adyen, "adyen").await;
+    let (r, provider) = run(Api::Adyen, "adyen", false).await;
     check(
         Api::Adyen,
         &r,
@@ -253,6 +268,7 @@ async fn adyen_python_reads_the_adyen_preset() {
             missing: ("AdyenAPIValidationError", 400, "missing-key"),
             down: ("AdyenAPIResponseError", 503, "store-unavailable"),
             failed: ("AdyenAPICommunicationError", "000"),
+            one_namespace: false,
         },
     );
     // Adyen's transient-error header: retry the in-flight key, not the reused one.
@@ -263,9 +279,21 @@ async fn adyen_python_reads_the_adyen_preset() {
     assert!(r["reused"]["error"]["transient"].is_null(), "{r}");
 }
 
+/// PayPal with several merchants, the gateway setting `X-Tenant`: tenants apart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paypal_python_reads_the_paypal_preset() {
-    let (r, provider) = run(Api::PayPal, "paypal").await;
+    paypal(false).await;
+}
+
+/// PayPal as one merchant's sidecar (`static`), the SDK as it comes: every new SDK
+/// instance's token still lands in the one namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paypal_python_one_merchant_across_tokens() {
+    paypal(true).await;
+}
+
+async fn paypal(one_merchant: bool) {
+    let (r, provider) = run(Api::PayPal, "paypal", one_merchant).await;
     check(
         Api::PayPal,
         &r,
@@ -276,6 +304,7 @@ async fn paypal_python_reads_the_paypal_preset() {
             missing: ("ErrorException", 400, "MISSING_REQUIRED_PARAMETER"),
             down: ("ErrorException", 503, "STORE_UNAVAILABLE"),
             failed: ("ErrorException", "INTERNAL_SERVICE_ERROR"),
+            one_namespace: one_merchant,
         },
     );
     // Every call was a new SDK instance with an OAuth token of its own.
@@ -285,12 +314,12 @@ async fn paypal_python_reads_the_paypal_preset() {
         .into_iter()
         .filter_map(|e| e.authorization)
         .collect();
-    assert!(tokens.len() >= 7, "{tokens:?}");
+    assert!(tokens.len() >= 6, "{tokens:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkout_python_reads_the_checkout_preset() {
-    let (r, provider) = run(Api::Checkout, "checkout").await;
+    let (r, provider) = run(Api::Checkout, "checkout", false).await;
     check(
         Api::Checkout,
         &r,
@@ -301,13 +330,14 @@ async fn checkout_python_reads_the_checkout_preset() {
             missing: ("CheckoutApiException", 422, "idempotency_key_required"),
             down: ("CheckoutApiException", 503, "store_unavailable"),
             failed: ("CheckoutApiException", "internal_error"),
+            one_namespace: false,
         },
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn square_python_reads_the_square_preset() {
-    let (r, provider) = run(Api::Square, "square").await;
+    let (r, provider) = run(Api::Square, "square", false).await;
     check(
         Api::Square,
         &r,
@@ -318,6 +348,7 @@ async fn square_python_reads_the_square_preset() {
             missing: ("ApiError", 400, "MISSING_REQUIRED_PARAMETER"),
             down: ("ApiError", 503, "SERVICE_UNAVAILABLE"),
             failed: ("ApiError", "INTERNAL_SERVER_ERROR"),
+            one_namespace: false,
         },
     );
     assert_eq!(r["longest_key_length"], 45, "{r}");
