@@ -13,6 +13,8 @@ import sys
 soak_path, log_dir, conc = sys.argv[1:4]
 proxy = [json.loads(line) for line in open(soak_path)]
 db_start = json.load(open(sys.argv[4])) if len(sys.argv) > 4 else None
+stages_start = json.load(open(sys.argv[5])) if len(sys.argv) > 5 and sys.argv[5] else None
+server = sys.argv[6] if len(sys.argv) > 6 and sys.argv[6] else "the server at DATABASE_URL"
 
 # pgbench: latencies per minute since its first transaction.
 by_minute = {}
@@ -37,7 +39,7 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
 
 
-print(f"## Soak: keyed on PostgreSQL, {conc} connections, {len(proxy)} minutes\n")
+print(f"## Soak: keyed on PostgreSQL ({server}), {conc} connections, {len(proxy)} minutes\n")
 print("| minute | proxy req/s | p50 ms | p99 ms | p999 ms | RSS MiB | pgbench pairs/s | p50 ms | p99 ms | p999 ms |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for d in proxy:
@@ -66,12 +68,18 @@ if proxy:
     print(f"- RSS {min(rss) / 1024:.1f}–{max(rss) / 1024:.1f} MiB over the run")
 
 
+def index_sizes(db):
+    """`pkey 40, expires_at 12, …`: each index of the key table, in MB."""
+    sizes = sorted((db.get("index_mb") or {}).items())
+    return ", ".join(f"{name.replace('idempotency_keys_', '')} {mb}" for name, mb in sizes)
+
+
 # The database's side, per minute: what changed since the minute before.
 if proxy and db_start and all("db" in d for d in proxy):
     print()
     print("The server during the proxy's minutes (differences per minute; dead/live at the minute's end):\n")
-    print("| minute | checkpoints timed/requested | WAL MB | WAL KiB per request | updates HOT % | dead row versions | live rows | autovacuums | table MB |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| minute | checkpoints timed/requested | WAL MB | WAL KiB per request | updates HOT % | dead row versions | live rows | autovacuums | table MB | indexes MB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     before = db_start
     for d in proxy:
         now = d["db"]
@@ -82,9 +90,89 @@ if proxy and db_start and all("db" in d for d in proxy):
         print(
             f"| {d['minute']} | {now['ckpt_timed'] - before['ckpt_timed']}/{now['ckpt_req'] - before['ckpt_req']} | "
             f"{wal / 1048576:.0f} | {wal / 1024 / max(requests, 1):.1f} | {100 * hot / max(upd, 1):.0f} | "
-            f"{now['dead']} | {now['live']} | {now['autovacuums'] - before['autovacuums']} | {now['table_mb']} |"
+            f"{now['dead']} | {now['live']} | {now['autovacuums'] - before['autovacuums']} | {now['table_mb']} | "
+            f"{index_sizes(now)} |"
         )
         before = now
     print()
     print(f"- server settings: {json.dumps(proxy[-1]['db'].get('settings'), sort_keys=True)}")
     print(f"- the key table's storage parameters: {proxy[-1]['db'].get('reloptions')}")
+
+
+def histograms(before, now, name):
+    """Per label set (without `le`): the bucket counts added between two scrapes."""
+    out = {}
+    for series, value in now.items():
+        if not series.startswith(name + "{"):
+            continue
+        labels = series[len(name) + 1 : -1].split(",")
+        le = next(l for l in labels if l.startswith("le="))[4:-1]
+        key = ",".join(l for l in labels if not l.startswith("le="))
+        out.setdefault(key, []).append((float("inf") if le == "+Inf" else float(le), value - before.get(series, 0.0)))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def quantile(buckets, q):
+    """The upper bound of the bucket holding quantile q (cumulative buckets), in ms."""
+    total = buckets[-1][1] if buckets else 0
+    if total <= 0:
+        return None
+    for le, count in buckets:
+        if count >= q * total:
+            return le * 1000
+    return None
+
+
+def ms(v):
+    return "-" if v is None else ("inf" if v == float("inf") else f"{v:g}")
+
+
+# The proxy's own stages, per minute: which of them the tail is in.
+if proxy and stages_start and all("proxy" in d for d in proxy):
+    before = stages_start
+    rows = []
+    ops = set()
+    for d in proxy:
+        now = d["proxy"]
+        store = histograms(before, now, "idemproxy_store_duration_seconds_bucket")
+        upstream = histograms(before, now, "idemproxy_upstream_duration_seconds_bucket")
+        batches = now.get("idemproxy_store_batches_total", 0) - before.get("idemproxy_store_batches_total", 0)
+        writes = now.get("idemproxy_store_batched_writes_total", 0) - before.get("idemproxy_store_batched_writes_total", 0)
+        per_op = {k.split('"')[1]: quantile(v, 0.99) for k, v in store.items() if v and v[-1][1] > 0}
+        ops |= set(per_op)
+        up = [quantile(v, 0.99) for v in upstream.values() if v and v[-1][1] > 0]
+        rows.append((d["minute"], per_op, max(up) if up else None, batches, writes))
+        before = now
+    ops = sorted(ops)
+    print()
+    print("The proxy's own stages (p99 by histogram bucket, ms: the bucket's upper bound; the group commit's batches):\n")
+    print("| minute | " + " | ".join(f"store {o}" for o in ops) + " | upstream | batches/s | writes per batch |")
+    print("| --- | " + " | ".join("---" for _ in ops) + " | --- | --- | --- |")
+    for minute, per_op, up, batches, writes in rows:
+        print(
+            f"| {minute} | " + " | ".join(ms(per_op.get(o)) for o in ops)
+            + f" | {ms(up)} | {batches / 60:.0f} | {writes / max(batches, 1):.1f} |"
+        )
+
+
+# The statements the server spent its time on, per minute (pg_stat_statements, when the
+# server has it): the three with the most time, each with its calls per second and mean.
+if proxy and db_start and all((d.get("db") or {}).get("statements") for d in proxy):
+    print()
+    print("The server's statements by time spent, per minute (calls/s, mean ms):\n")
+    print("| minute | first | second | third |")
+    print("| --- | --- | --- | --- |")
+    before = db_start.get("statements") or {}
+    for d in proxy:
+        now = d["db"]["statements"]
+        spent = []
+        for qid, st in now.items():
+            was = before.get(qid, {"calls": 0, "ms": 0.0})
+            calls, t = st["calls"] - was["calls"], st["ms"] - was["ms"]
+            if calls > 0:
+                spent.append((t, calls, st["q"]))
+        spent.sort(reverse=True)
+        cells = [f"`{q}` {c / 60:.0f}/s, {t / c:.2f}" for t, c, q in spent[:3]]
+        cells += [""] * (3 - len(cells))
+        print(f"| {d['minute']} | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        before = now
