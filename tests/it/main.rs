@@ -12,6 +12,7 @@ mod support;
 
 mod concurrency;
 mod crash;
+mod dead_versions;
 mod demo;
 mod deployment;
 mod dialects;

@@ -58,6 +58,35 @@ impl PgConn {
         Ok(rows)
     }
 
+    /// Runs `sql` with the planner held to plain index scans (`SET LOCAL
+    /// enable_bitmapscan = off`), for the maintenance queries that read the keys in
+    /// progress by lease end. Every completion leaves its key's old version in that index
+    /// until vacuum reaches the table, and `locked_until < now()` matches all of them: a
+    /// plain index scan marks each entry of a dead version once (LP_DEAD) and later scans
+    /// skip it, where a bitmap scan never marks one and visits every completed key's heap
+    /// page again on every run — a cost that grows with the completion rate until
+    /// autovacuum runs (bench/RESULTS.md, issue 57). Unnamed and planned each time: it runs
+    /// every few seconds at most.
+    pub async fn index_walk_query(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let begin = format!(
+            "{}; SET LOCAL enable_bitmapscan = off",
+            self.begin.as_deref().unwrap_or("BEGIN")
+        );
+        let (began, rows, committed) = tokio::join!(
+            self.client.batch_execute(&begin),
+            self.client.query_typed(sql, params),
+            self.client.batch_execute("COMMIT"),
+        );
+        began?;
+        let rows = rows?;
+        committed?;
+        Ok(rows)
+    }
+
     /// The statement for `sql` on this connection, prepared on first use.
     async fn prepare(
         &self,

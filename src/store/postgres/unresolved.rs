@@ -20,7 +20,7 @@ impl PgStore {
                 "SELECT {RECORD_COLUMNS} FROM idempotency_keys \
                  WHERE status = 'in_progress' AND locked_until < now() ORDER BY locked_until LIMIT $1"
             );
-            let rows = client.typed_query(&sql, &[(&limit, Type::INT8)]).await?;
+            let rows = client.index_walk_query(&sql, &[(&limit, Type::INT8)]).await?;
             rows.iter().map(record).collect()
         })
         .await
@@ -35,7 +35,7 @@ impl PgStore {
         let ms = millis(unresolved_for);
         self.with_client(|client| async move {
             let rows = client
-                .typed_query(
+                .index_walk_query(
                     &sweep_unresolved_sql(),
                     &[(&ms, Type::INT8), (&batch, Type::INT8)],
                 )
@@ -113,7 +113,7 @@ impl PgStore {
     /// See [`KeyStore::unresolved_counts`].
     pub(super) async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
         self.with_client(|client| async move {
-            let rows = client.typed_query(COUNT_UNRESOLVED, &[]).await?;
+            let rows = client.index_walk_query(COUNT_UNRESOLVED, &[]).await?;
             rows.iter()
                 .map(|row| {
                     let n: i64 = row.try_get(1)?;
