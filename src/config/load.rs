@@ -202,6 +202,9 @@ pub fn load_store(path: Option<&Path>, overrides: &Overrides) -> Result<StoreCon
 }
 
 #[cfg(test)]
+#[path = "load_identity_tests.rs"]
+mod identity_tests;
+#[cfg(test)]
 #[path = "load_section_tests.rs"]
 mod section_tests;
 #[cfg(test)]
