@@ -46,7 +46,17 @@ impl PgConn {
             let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
             return self.client.query(&statement, &values).await;
         };
-        // Queued in this order, sent back to back: one round trip.
+        self.query_in_transaction(begin, sql, params).await
+    }
+
+    /// `begin` (`BEGIN; SET LOCAL …`), an unnamed typed `sql`, `COMMIT`: queued in this
+    /// order and sent back to back, one round trip.
+    async fn query_in_transaction(
+        &self,
+        begin: &str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
         let (began, rows, committed) = tokio::join!(
             self.client.batch_execute(begin),
             self.client.query_typed(sql, params),
@@ -76,15 +86,7 @@ impl PgConn {
             "{}; SET LOCAL enable_bitmapscan = off",
             self.begin.as_deref().unwrap_or("BEGIN")
         );
-        let (began, rows, committed) = tokio::join!(
-            self.client.batch_execute(&begin),
-            self.client.query_typed(sql, params),
-            self.client.batch_execute("COMMIT"),
-        );
-        began?;
-        let rows = rows?;
-        committed?;
-        Ok(rows)
+        self.query_in_transaction(&begin, sql, params).await
     }
 
     /// The statement for `sql` on this connection, prepared on first use.
