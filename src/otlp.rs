@@ -197,19 +197,12 @@ fn traceparent(headers: &HeaderMap) -> Option<([u8; 16], [u8; 8])> {
     (trace != [0; 16] && parent != [0; 8]).then_some((trace, parent))
 }
 
+/// Lowercase hex only, as W3C trace context writes it.
 fn decode_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
-    if text.len() != N * 2
-        || !text
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
+    if text.bytes().any(|b| b.is_ascii_uppercase()) {
         return None;
     }
-    let mut out = [0; N];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&text[i * 2..i * 2 + 2], 16).ok()?;
-    }
-    Some(out)
+    crate::key::from_hex(text)
 }
 
 fn nanos(t: SystemTime) -> String {

@@ -115,6 +115,21 @@ pub fn derived_key(client_id: &str, key: &str) -> String {
     out
 }
 
+/// `N` bytes from exactly `2 × N` hex digits (either case; nothing else, not even a sign,
+/// which `u8::from_str_radix` would take).
+pub fn from_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    let digits = text.as_bytes();
+    if digits.len() != N * 2 || !digits.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    let mut out = [0; N];
+    for (byte, pair) in out.iter_mut().zip(digits.chunks(2)) {
+        let value = |d: u8| (d as char).to_digit(16).unwrap_or(0) as u8;
+        *byte = value(pair[0]) << 4 | value(pair[1]);
+    }
+    Some(out)
+}
+
 /// Lowercase hex.
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
@@ -140,6 +155,24 @@ pub fn push_escaped(out: &mut String, text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Hex in, bytes out — and back: either case, exactly the length, digits only.
+    #[test]
+    fn from_hex_reads_what_hex_writes() {
+        let bytes = [0x00, 0xab, 0xcd, 0xff];
+        assert_eq!(from_hex::<4>(&hex(&bytes)), Some(bytes));
+        assert_eq!(from_hex::<4>("00ABcdFF"), Some(bytes));
+        for bad in [
+            "00abcdf",
+            "00abcdfff",
+            "00abcdfg",
+            "+0abcdff",
+            "00ab cdf",
+            "00abcdé",
+        ] {
+            assert_eq!(from_hex::<4>(bad), None, "{bad}");
+        }
+    }
 
     /// Client ids containing `:` cannot collide in the derived key.
     #[test]

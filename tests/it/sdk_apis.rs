@@ -46,7 +46,8 @@ fn config(api: Api, on_conflict: &str, one_merchant: bool) -> String {
                 Api::Adyen => "X-API-Key",
                 _ => "Authorization",
             };
-            let [a1, a2, b] = credentials(api).map(|c| format!("sha256:{}", hex(&c)));
+            let [a1, a2, b] =
+                credentials(api).map(|c| format!("sha256:{}", idemproxy::key::hex(&c)));
             format!(
                 "  credentials:\n    header: {header}\n    tenants:\n      shop-a: [{a1}, {a2}]\n      shop-b: [{b}]\n"
             )
@@ -85,10 +86,6 @@ fn credentials(api: Api) -> [[u8; 32]; 3] {
         };
         Sha256::digest(value.as_bytes()).into()
     })
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Runs the script for `api` against its proxies; its results, and the provider.

@@ -215,15 +215,7 @@ fn build_jwt(p: &mut Problems, file: &FileJwt, env: Env<'_>) -> Option<JwtSource
 }
 
 fn parse_sha256(text: &str) -> Option<[u8; 32]> {
-    let hex = text.strip_prefix("sha256:")?;
-    if hex.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
+    crate::key::from_hex(text.strip_prefix("sha256:")?)
 }
 
 /// Routes whose API's clients authenticate with OAuth bearer tokens (PayPal's SDKs fetch a

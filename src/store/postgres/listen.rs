@@ -122,14 +122,5 @@ async fn heartbeat(client: &tokio_postgres::Client, connector: &Connector) -> St
 }
 
 fn parse_key_id(payload: &str) -> Option<KeyId> {
-    let bytes = payload.as_bytes();
-    if bytes.len() != 64 {
-        return None;
-    }
-    let mut id = [0u8; 32];
-    for (i, pair) in bytes.chunks(2).enumerate() {
-        let text = std::str::from_utf8(pair).ok()?;
-        id[i] = u8::from_str_radix(text, 16).ok()?;
-    }
-    Some(id)
+    crate::key::from_hex(payload)
 }
