@@ -1,4 +1,4 @@
--- The PostgreSQL schema as the last migration (0009) leaves it, in one place, for reading:
+-- The PostgreSQL schema as the last migration (0012) leaves it, in one place, for reading:
 -- the key table, its indexes, and the current PL/pgSQL functions. It is never applied —
 -- `idemproxy migrate` applies the numbered migrations beside it, which are the history
 -- (a function redefined in five of them is read here once). A test builds a schema from
@@ -43,6 +43,9 @@ CREATE TABLE idempotency_keys (
     derived_key      text,
     -- The ring key the stored answer is sealed with; NULL: in clear (0007).
     sealed_with      text,
+    -- What the recovery probe last answered for an unresolved key ("503", "no answer")
+    -- (0012).
+    probe_answer     text,
     PRIMARY KEY (client_id, key)
 ) WITH (fillfactor = 80);
 

@@ -18,6 +18,7 @@ pub(super) enum AdminError {
     Unauthorized(String),
     NotFound(String),
     BadPath(String),
+    BadQuery(String),
     NoSuchKey(String),
     MethodNotAllowed(String),
     EncryptionOff(String),
@@ -67,6 +68,7 @@ impl AdminError {
             ),
             AdminError::NotFound(d) => (StatusCode::NOT_FOUND, "not-found", "Not found", d),
             AdminError::BadPath(d) => (StatusCode::BAD_REQUEST, "bad-path", "Invalid path", d),
+            AdminError::BadQuery(d) => (StatusCode::BAD_REQUEST, "bad-query", "Invalid query", d),
             AdminError::NoSuchKey(d) => (StatusCode::NOT_FOUND, "no-such-key", "No such key", d),
             AdminError::MethodNotAllowed(d) => (
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -93,6 +95,11 @@ impl AdminError {
                 d,
             ),
         }
+    }
+
+    /// The detail alone, for the console's pages.
+    pub(super) fn detail(self) -> String {
+        self.entry().3
     }
 
     /// The problem document, as `application/problem+json`.

@@ -7,18 +7,21 @@
 //! - `GET /metrics` — Prometheus / OpenMetrics text.
 //! - `GET /admin/keys/{client_id}/{key}` — where a key stands.
 //! - `DELETE /admin/keys/{client_id}/{key}` — evict it (the next request executes afresh).
-//! - `GET /admin/stuck?limit=N` — in-progress keys whose lease ran out, each marked with
-//!   whether the reconciler settles it by itself.
+//! - `GET /admin/stuck?limit=N&after=T` — in-progress keys whose lease ran out, each marked
+//!   with whether the reconciler settles it by itself; `next` continues the list.
 //! - `POST /admin/keys/{client_id}/{key}/resolve` — settle an unresolved key with an
 //!   answer or a release (see `resolve`).
 //! - `POST /admin/rekey` — seal every stored answer with the active encryption key (see
 //!   `crate::background::rekey`, run in this process).
 //!
-//! `/admin/*` requires `Authorization: Bearer <admin_token>` when a token is configured
-//! (and one must be configured when the listener is not loopback).
+//! - `/` and `/console/*` — the operator's console in the browser (see `console`).
+//!
+//! `/admin/*` requires `Authorization: Bearer <token>` when a token is configured
+//! (`admin_token` or one of `admin_tokens`; one must be when the listener is not loopback).
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
@@ -31,9 +34,13 @@ use tokio::net::TcpListener;
 
 use crate::body::{ProxyBody, full};
 use crate::proxy::Proxy;
-use crate::store::{Health, Inspect, KeyStore, Reseal, StoreError};
+use crate::store::{Health, Inspect, KeyStore, Maintenance, PageMark, Reseal, StoreError};
+pub use auth::Tokens;
+use console::Console;
 use error::AdminError;
 
+mod auth;
+mod console;
 mod error;
 mod resolve;
 mod view;
@@ -44,14 +51,19 @@ use view::KeyView;
 const MAX_STUCK: i64 = 1000;
 
 /// Serves the admin endpoints until `shutdown` resolves.
-pub async fn run<S: KeyStore + Inspect + Health + Reseal>(
+pub async fn run<S: KeyStore + Inspect + Health + Reseal + Maintenance>(
     listener: TcpListener,
     proxy: Proxy<S>,
-    token: Option<String>,
+    tokens: Tokens,
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
-    let token = token.map(std::sync::Arc::<str>::from);
+    let desk = Arc::new(Desk {
+        tokens,
+        console: Arc::new(Console::default()),
+    });
+    let sampler = tokio::spawn(Arc::clone(&desk.console).sample(proxy.clone()));
+    let _sampler = AbortOnDrop(sampler);
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -65,17 +77,32 @@ pub async fn run<S: KeyStore + Inspect + Health + Reseal>(
             () = &mut shutdown => return,
         };
         let proxy = proxy.clone();
-        let token = token.clone();
+        let desk = Arc::clone(&desk);
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
                 let proxy = proxy.clone();
-                let token = token.clone();
-                async move { Ok::<_, Infallible>(handle(&proxy, token.as_deref(), req).await) }
+                let desk = Arc::clone(&desk);
+                async move { Ok::<_, Infallible>(handle(&proxy, &desk, req).await) }
             });
             let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), svc)
                 .await;
         });
+    }
+}
+
+/// What every admin request shares: who may use it, and the console's state.
+struct Desk {
+    tokens: Tokens,
+    console: Arc<Console>,
+}
+
+/// Stops a task when the listener's loop returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -132,13 +159,16 @@ async fn ready<S: KeyStore + Health>(proxy: &Proxy<S>) -> Response<ProxyBody> {
 }
 
 /// Answers one admin request.
-pub async fn handle<S: KeyStore + Inspect + Health + Reseal>(
+async fn handle<S: KeyStore + Inspect + Health + Reseal + Maintenance>(
     proxy: &Proxy<S>,
-    token: Option<&str>,
+    desk: &Desk,
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
+    if console::owns(&path) {
+        return console::handle(proxy, &desk.tokens, &desk.console, req).await;
+    }
     match (&method, path.as_str()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "text/plain", "ok\n"),
         (&Method::GET, "/readyz") => ready(proxy).await,
@@ -172,7 +202,7 @@ pub async fn handle<S: KeyStore + Inspect + Health + Reseal>(
         }
         (_, "/healthz" | "/readyz" | "/metrics") => not_allowed("GET"),
         (_, p) if p.starts_with("/admin/") => {
-            if !authorized(token, &req) {
+            let Ok(who) = desk.tokens.bearer_of(req.headers()) else {
                 let mut resp =
                     AdminError::Unauthorized("Send `Authorization: Bearer <admin_token>`.".into())
                         .into_response();
@@ -181,7 +211,9 @@ pub async fn handle<S: KeyStore + Inspect + Health + Reseal>(
                     http::HeaderValue::from_static("Bearer"),
                 );
                 return resp;
-            }
+            };
+            // Who, for the audit lines: the token's name, never the token.
+            let who = who.unwrap_or("no admin token configured").to_owned();
             if p == "/admin/rekey" {
                 if method != Method::POST {
                     return not_allowed("POST");
@@ -196,9 +228,9 @@ pub async fn handle<S: KeyStore + Inspect + Health + Reseal>(
                     return not_allowed("POST");
                 }
                 let rest = rest.to_owned();
-                return resolve::request(proxy, &rest, token, req).await;
+                return resolve::request(proxy, &rest, &who, req).await;
             }
-            admin(proxy, &method, p, req.uri().query()).await
+            admin(proxy, &method, p, req.uri().query(), &who).await
         }
         _ => AdminError::NotFound("The admin endpoints are listed in docs/operations.md.".into())
             .into_response(),
@@ -210,22 +242,50 @@ async fn admin<S: KeyStore + Inspect + Reseal>(
     method: &Method,
     path: &str,
     query: Option<&str>,
+    who: &str,
 ) -> Response<ProxyBody> {
     let store = proxy.store();
     if path == "/admin/stuck" && method != Method::GET {
         return not_allowed("GET");
     }
     if path == "/admin/stuck" {
-        let limit = query
-            .and_then(|q| form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "limit"))
-            .and_then(|(_, v)| v.parse::<i64>().ok())
+        let param = |name: &str| {
+            query.and_then(|q| {
+                form_urlencoded::parse(q.as_bytes())
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.into_owned())
+            })
+        };
+        let limit = param("limit")
+            .and_then(|v| v.parse::<i64>().ok())
             .unwrap_or(100)
             .clamp(1, MAX_STUCK);
-        return match store.stuck(limit).await {
-            Ok(rows) => json(
-                StatusCode::OK,
-                &serde_json::json!({ "keys": rows.iter().map(|r| KeyView::new(r, reconciled(proxy, r))).collect::<Vec<_>>() }),
-            ),
+        let after = match param("after") {
+            None => None,
+            Some(token) => match PageMark::decode(&token) {
+                Some(mark) => Some(mark),
+                None => {
+                    return AdminError::BadQuery(
+                        "`after` must be the `next` of an earlier /admin/stuck answer.".into(),
+                    )
+                    .into_response();
+                }
+            },
+        };
+        return match store.stuck(after.as_ref(), limit).await {
+            Ok(rows) => {
+                // A full page may have more after it; `next` continues from its last key.
+                let next = (rows.len() as i64 == limit)
+                    .then(|| rows.last().map(|r| r.mark.encode()))
+                    .flatten();
+                json(
+                    StatusCode::OK,
+                    &serde_json::json!({
+                        "keys": rows.iter().map(|r| KeyView::new(&r.record, reconciled(proxy, &r.record))).collect::<Vec<_>>(),
+                        "next": next,
+                    }),
+                )
+            }
             Err(e) => store_failed(&e),
         };
     }
@@ -262,15 +322,38 @@ async fn admin<S: KeyStore + Inspect + Reseal>(
             .into_response(),
             Err(e) => store_failed(&e),
         },
-        Method::DELETE => match store.evict(&client, &key).await {
-            Ok(true) => {
-                tracing::warn!(key = %logged, "key evicted by an operator");
-                json(StatusCode::OK, &serde_json::json!({ "evicted": true }))
-            }
+        Method::DELETE => match evict(proxy, &client, &key, &logged, who).await {
+            Ok(true) => json(StatusCode::OK, &serde_json::json!({ "evicted": true })),
             Ok(false) => AdminError::NoSuchKey("Nothing to evict.".into()).into_response(),
-            Err(e) => store_failed(&e),
+            Err(e) => e.into_response(),
         },
         _ => not_allowed("GET, DELETE"),
+    }
+}
+
+/// Deletes `(client, key)` (the stored key; `logged`, its hash) whatever its state, and
+/// logs the audit line naming `who`; whether it existed. The API and the console evict
+/// through here.
+async fn evict<S: KeyStore + Inspect>(
+    proxy: &Proxy<S>,
+    client: &str,
+    key: &str,
+    logged: &str,
+    who: &str,
+) -> Result<bool, AdminError> {
+    match proxy.store().evict(client, key).await {
+        Ok(existed) => {
+            if existed {
+                tracing::warn!(operator = %who, key = %logged, "key evicted by an operator");
+            }
+            Ok(existed)
+        }
+        Err(e) => {
+            tracing::warn!(cause = %e, "admin request: store unavailable");
+            Err(AdminError::StoreUnavailable(
+                "The idempotency store cannot be reached.".into(),
+            ))
+        }
     }
 }
 
@@ -287,32 +370,6 @@ fn decode(segment: &str) -> Result<String, std::str::Utf8Error> {
     percent_encoding::percent_decode_str(segment)
         .decode_utf8()
         .map(|s| s.into_owned())
-}
-
-/// The credentials of a `Bearer` authorization; the scheme is case-insensitive (RFC 9110
-/// §11.1), and spaces around the token are not part of it.
-fn bearer(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim_start().split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-}
-
-/// Compares the bearer token in constant time.
-fn authorized(token: Option<&str>, req: &Request<Incoming>) -> bool {
-    let Some(token) = token else {
-        return true;
-    };
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer)
-        .unwrap_or_default();
-    given.len() == token.len()
-        && given
-            .bytes()
-            .zip(token.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
 }
 
 fn store_failed(e: &crate::store::StoreError) -> Response<ProxyBody> {

@@ -8,21 +8,19 @@
 //! Only an unresolved key can be resolved — in progress with its lease run out; a live
 //! lease (someone is working on it) or a completed key gets `409` saying which. The write
 //! is fenced by the lease token the operator's lookup saw, so a takeover racing the
-//! resolution wins or loses as a whole. Every resolution logs one audit line: who (a hash
-//! of the admin token), which key (its hash), what.
+//! resolution wins or loses as a whole. Every resolution logs one audit line: who (the
+//! token's name), which key (its hash), what.
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 use super::error::AdminError;
-use super::{json, store_failed};
+use super::json;
 use crate::body::ProxyBody;
 use crate::config::DEFAULT_RETENTION;
-use crate::key::hex;
 use crate::proxy::Proxy;
 use crate::store::{Completion, Fence, Fenced, Inspect, KeyState, KeyStore, StoredResponse};
 use crate::stored::encode_block;
@@ -47,7 +45,7 @@ struct Resolution {
 pub(super) async fn request<S: KeyStore + Inspect>(
     proxy: &Proxy<S>,
     rest: &str,
-    token: Option<&str>,
+    who: &str,
     req: Request<Incoming>,
 ) -> Response<ProxyBody> {
     let Some((client, key)) = rest.split_once('/') else {
@@ -60,15 +58,6 @@ pub(super) async fn request<S: KeyStore + Inspect>(
         return AdminError::BadPath("The client id and key must be percent-encoded UTF-8.".into())
             .into_response();
     };
-    // Who, for the audit line: a hash of the token used, never the token.
-    let who = match token {
-        Some(_) => req
-            .headers()
-            .get(http::header::AUTHORIZATION)
-            .map(|v| format!("token:{}", hex(&Sha256::digest(v.as_bytes())[..6])))
-            .unwrap_or_default(),
-        None => "no admin_token configured".to_owned(),
-    };
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => {
@@ -80,7 +69,7 @@ pub(super) async fn request<S: KeyStore + Inspect>(
     // The audit line names the key by its hash as the client sent it, as every line does.
     let logged = crate::key::key_hash(&client, &key);
     let key = stored_key(proxy, &client, key).await;
-    resolve(proxy, &client, &key, &logged, &body, &who).await
+    resolve(proxy, &client, &key, &logged, &body, who).await
 }
 
 /// The store's key for the one an operator gave: the client's key — hashed, when the
@@ -139,30 +128,53 @@ async fn resolve<S: KeyStore + Inspect>(
             );
         }
     };
+    match apply(proxy, client, key, logged, answer, who).await {
+        Ok(done) => json(
+            StatusCode::OK,
+            &serde_json::json!({ "resolved": done.what, "replayed_for_seconds": done.kept_seconds }),
+        ),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// What a resolution did: `stored status 201` or `released`, and for how long the stored
+/// answer is replayed.
+pub(super) struct Resolved {
+    pub what: String,
+    pub kept_seconds: Option<u64>,
+}
+
+/// Settles the unresolved key `(client, key)` (the stored key; `logged`, its hash in log
+/// lines) with `answer`, or releases it (`None`), fenced by the lease token its row has now;
+/// logs the audit line naming `who`. The admin API and the console both resolve through
+/// here.
+pub(super) async fn apply<S: KeyStore + Inspect>(
+    proxy: &Proxy<S>,
+    client: &str,
+    key: &str,
+    logged: &str,
+    answer: Option<StoredResponse>,
+    who: &str,
+) -> Result<Resolved, AdminError> {
     let store = proxy.store();
     let row = match store.lookup(client, key).await {
         Ok(Some(row)) => row,
         Ok(None) => {
-            return AdminError::NoSuchKey("No row for this client id and key: nothing to resolve (a retry would execute it afresh).".into()).into_response();
+            return Err(AdminError::NoSuchKey("No row for this client id and key: nothing to resolve (a retry would execute it afresh).".into()));
         }
-        Err(e) => return store_failed(&e),
+        Err(e) => return Err(store_unavailable(&e)),
     };
     if row.state == KeyState::Done {
-        return conflict(
-            "The key is completed: its answer is replayed. Nothing to resolve (evict it to let the next request execute).",
-        );
+        return Err(AdminError::NotUnresolved(
+            "The key is completed: its answer is replayed. Nothing to resolve (evict it to let the next request execute).".into(),
+        ));
     }
     if let KeyState::InProgress { .. } = row.state {
-        return conflict(
-            "The key's lease is live: a worker is executing it now. Only a key whose lease ran out can be resolved; look again once it has.",
-        );
+        return Err(AdminError::NotUnresolved(
+            "The key's lease is live: a worker is executing it now. Only a key whose lease ran out can be resolved; look again once it has.".into(),
+        ));
     }
-    let retention = proxy
-        .routes()
-        .routes()
-        .iter()
-        .find(|r| *r.name == row.route)
-        .map_or(DEFAULT_RETENTION, |r| r.policy.retention);
+    let retention = retention_of(proxy, &row.route);
     let fence = Fence {
         client_id: client.to_owned(),
         key: key.to_owned(),
@@ -195,27 +207,49 @@ async fn resolve<S: KeyStore + Inspect>(
                 resolution = %what,
                 "unresolved key resolved by an operator"
             );
-            json(
-                StatusCode::OK,
-                &serde_json::json!({ "resolved": what, "replayed_for_seconds": kept_seconds }),
-            )
+            Ok(Resolved { what, kept_seconds })
         }
-        Ok(Fenced::Refused) => conflict(
-            "The key changed while it was being resolved (taken over, completed or evicted); look it up again.",
-        ),
-        Err(e) => store_failed(&e),
+        Ok(Fenced::Refused) => Err(AdminError::NotUnresolved(
+            "The key changed while it was being resolved (taken over, completed or evicted); look it up again.".into(),
+        )),
+        Err(e) => Err(store_unavailable(&e)),
     }
+}
+
+/// How long a route keeps its answers (the default for a route no longer configured).
+pub(super) fn retention_of<S: KeyStore>(proxy: &Proxy<S>, route: &str) -> std::time::Duration {
+    proxy
+        .routes()
+        .routes()
+        .iter()
+        .find(|r| &*r.name == route)
+        .map_or(DEFAULT_RETENTION, |r| r.policy.retention)
+}
+
+fn store_unavailable(e: &crate::store::StoreError) -> AdminError {
+    tracing::warn!(cause = %e, "admin request: store unavailable");
+    AdminError::StoreUnavailable("The idempotency store cannot be reached.".into())
 }
 
 /// The stored answer the resolution describes, or what is wrong with it.
 fn answer(status: u16, r: &Resolution) -> Result<StoredResponse, String> {
+    stored_answer(status, r.headers.iter(), &r.body)
+}
+
+/// An operator's answer as the store keeps it, or what is wrong with it (the API's JSON and
+/// the console's form both give one).
+pub(super) fn stored_answer<'a>(
+    status: u16,
+    given: impl Iterator<Item = (&'a String, &'a String)>,
+    body: &str,
+) -> Result<StoredResponse, String> {
     if !(100..=599).contains(&status) {
         return Err(format!(
             "`status` {status} is not an HTTP status (100–599)."
         ));
     }
     let mut headers = http::HeaderMap::new();
-    for (name, value) in &r.headers {
+    for (name, value) in given {
         let name = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| format!("`{name}` is not a header name."))?;
         let value = HeaderValue::from_str(value)
@@ -225,14 +259,10 @@ fn answer(status: u16, r: &Resolution) -> Result<StoredResponse, String> {
     Ok(StoredResponse::clear(
         status,
         encode_block(headers.iter()),
-        Bytes::copy_from_slice(r.body.as_bytes()),
+        Bytes::copy_from_slice(body.as_bytes()),
     ))
 }
 
 fn bad(detail: &str) -> Response<ProxyBody> {
     AdminError::BadResolution(detail.to_owned()).into_response()
-}
-
-fn conflict(detail: &str) -> Response<ProxyBody> {
-    AdminError::NotUnresolved(detail.to_owned()).into_response()
 }

@@ -32,7 +32,7 @@ impl<S: Store + Clone> App<S> {
         let admin = tokio::spawn(crate::admin::run(
             admin_listener,
             proxy.clone(),
-            proxy.config().admin_token.clone(),
+            crate::admin::Tokens::from_config(proxy.config()),
             async move {
                 let _ = stopped.await;
             },

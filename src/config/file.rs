@@ -20,12 +20,21 @@ pub struct FileConfig {
     pub routes: Option<Vec<FileRoute>>,
     pub shutdown_grace: Option<HumanDuration>,
     pub admin_token: Option<String>,
+    pub admin_tokens: Option<Vec<FileAdminToken>>,
     pub sweep: Option<FileSweep>,
     pub reconcile: Option<FileReconcile>,
     pub limits: Option<FileLimits>,
     pub tls: Option<FileListenerTls>,
     pub tracing: Option<FileTracing>,
     pub encryption: Option<FileEncryption>,
+}
+
+/// One of `admin_tokens:` — an operator's token, by the SHA-256 of its value.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileAdminToken {
+    pub name: String,
+    pub sha256: String,
 }
 
 /// `encryption:` — the key ring that seals stored answers; off when absent.
@@ -368,6 +377,7 @@ macro_rules! policy_struct {
             pub ambiguous_statuses: Option<Vec<u16>>,
             pub takeover: Option<String>,
             pub errors: Option<FileErrors>,
+            pub console_body: Option<bool>,
         }
     };
 }

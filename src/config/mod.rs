@@ -16,7 +16,7 @@ pub mod units;
 mod wording;
 
 pub(crate) use build::HOP_BY_HOP;
-pub use build::Overrides;
+pub use build::{Overrides, UNNAMED_TOKEN};
 pub use identity::*;
 pub use load::{ConfigError, load, load_store, load_str, parse_file};
 pub use model::*;

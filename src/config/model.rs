@@ -98,6 +98,9 @@ pub struct Config {
     pub warnings: Vec<String>,
     /// Bearer token for `/admin/*`; required when the admin listener is not loopback.
     pub admin_token: Option<String>,
+    /// Named tokens for `/admin/*` and the console, by SHA-256 (`admin_tokens:`); the name
+    /// is the operator in audit lines.
+    pub admin_tokens: Vec<AdminToken>,
     /// How often the retention sweep runs.
     pub sweep_interval: Duration,
     /// Rows deleted per sweep statement (small batches: no long locks).
@@ -367,4 +370,11 @@ pub fn redact_url(url: &str) -> String {
         Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
         None => url.to_owned(),
     }
+}
+
+/// An operator's admin token: the name audit lines give, and the SHA-256 of its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminToken {
+    pub name: String,
+    pub sha256: [u8; 32],
 }

@@ -77,6 +77,9 @@ pub struct Policy {
     pub takeover: Takeover,
     /// The shape of the proxy's own error answers on this route.
     pub errors: crate::dialect::Dialect,
+    /// Whether the console may show this route's stored bodies (on an operator's request;
+    /// never a sealed one).
+    pub console_body: bool,
 }
 
 /// The form of the key sent to the provider.

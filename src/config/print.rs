@@ -198,6 +198,10 @@ impl Config {
             "none"
         };
         writeln!(f, "# admin_token: {token}")?;
+        if !self.admin_tokens.is_empty() {
+            let names: Vec<&str> = self.admin_tokens.iter().map(|t| t.name.as_str()).collect();
+            writeln!(f, "# admin_tokens: {} (by SHA-256)", names.join(", "))?;
+        }
         Ok(())
     }
 
@@ -309,6 +313,9 @@ fn write_route(f: &mut fmt::Formatter<'_>, route: &Route) -> fmt::Result {
     }
     writeln!(f, "    upstream_key_header: {}", p.upstream_key_header)?;
     writeln!(f, "    require_key: {}", p.require_key)?;
+    if !p.console_body {
+        writeln!(f, "    console_body: false")?;
+    }
     writeln!(f, "    lease: {}", format_duration(p.lease))?;
     writeln!(f, "    retention: {}", format_duration(p.retention))?;
     writeln!(f, "    max_body: {}", format_size(p.max_body))?;

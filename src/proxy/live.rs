@@ -56,6 +56,9 @@ pub(crate) fn fixed_changes(old: &Config, new: &Config) -> Vec<String> {
     if old.admin_token != new.admin_token {
         changed.push("admin_token".into());
     }
+    if old.admin_tokens != new.admin_tokens {
+        changed.push("admin_tokens".into());
+    }
     changed.sort();
     changed.dedup();
     changed

@@ -24,6 +24,7 @@ use super::state::{Proxy, Shared};
 use crate::config::{Reconcile, Route};
 use crate::key::derived_key;
 use crate::metrics::{RouteName, RouteOutcome};
+use crate::problem::ProxyError;
 use crate::store::{Claim, KeyStore, Maintenance, StoreError};
 
 /// Probes in flight at once per pass; the others wait their turn with their lease renewed.
@@ -161,12 +162,18 @@ async fn settle<S: KeyStore + Maintenance>(
             holder.settle(Finish::Release, first).await;
             Said::NotFound
         }
-        Probe::Inconclusive(_) => {
+        Probe::Inconclusive(err) => {
             let retry_in = backoff(interval, record.probes);
+            let answer = match err {
+                ProxyError::ProbeInconclusive {
+                    status: Some(status),
+                } => status.to_string(),
+                _ => "no answer".to_owned(),
+            };
             tracing::warn!(route = %route.name, key = %key_hash, probes = record.probes + 1, retry_in_s = retry_in.as_secs(), "reconciler: the recovery probe was inconclusive; the key stays unresolved");
             if let Err(e) = shared
                 .store
-                .defer(&fence, claim.unresolved_since_ms, retry_in)
+                .defer(&fence, claim.unresolved_since_ms, retry_in, &answer)
                 .await
             {
                 // The claim's lease runs out by itself: the key is unresolved again then.

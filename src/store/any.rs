@@ -126,8 +126,9 @@ impl Maintenance for AnyStore {
         fence: &Fence,
         unresolved_since_ms: i64,
         retry_in: Duration,
+        answer: &str,
     ) -> Result<Fenced, StoreError> {
-        delegate!(self, s => s.defer(fence, unresolved_since_ms, retry_in).await)
+        delegate!(self, s => s.defer(fence, unresolved_since_ms, retry_in, answer).await)
     }
 
     async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
@@ -144,8 +145,16 @@ impl Inspect for AnyStore {
         delegate!(self, s => s.evict(client_id, key).await)
     }
 
-    async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
-        delegate!(self, s => s.stuck(limit).await)
+    async fn stuck(&self, after: Option<&PageMark>, limit: i64) -> Result<Vec<Stuck>, StoreError> {
+        delegate!(self, s => s.stuck(after, limit).await)
+    }
+
+    async fn answer(
+        &self,
+        client_id: &str,
+        key: &str,
+    ) -> Result<Option<StoredResponse>, StoreError> {
+        delegate!(self, s => s.answer(client_id, key).await)
     }
 }
 

@@ -85,12 +85,14 @@ pub trait Maintenance: Send + Sync + 'static {
 
     /// Gives a claimed key back unresolved after an inconclusive probe, if we still hold
     /// it: its lease as it had run out (`unresolved_since_ms`), one more probe counted, and
-    /// the reconciler's next look not before `retry_in` from now.
+    /// the reconciler's next look not before `retry_in` from now; `answer` is what the probe
+    /// said (kept for operators).
     fn defer(
         &self,
         fence: &Fence,
         unresolved_since_ms: i64,
         retry_in: Duration,
+        answer: &str,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
 
     /// How many keys are unresolved, per route (routes with none are left out).
@@ -115,8 +117,21 @@ pub trait Inspect: Send + Sync + 'static {
         key: &str,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Keys in progress whose lease ran out (their worker is gone), oldest first.
-    fn stuck(&self, limit: i64) -> impl Future<Output = Result<Vec<KeyRecord>, StoreError>> + Send;
+    /// Keys in progress whose lease ran out (their worker is gone), longest unresolved
+    /// first, from after `after` (a page's last mark), at most `limit`.
+    fn stuck(
+        &self,
+        after: Option<&PageMark>,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<Stuck>, StoreError>> + Send;
+
+    /// A completed key's stored answer as the row holds it (sealed or not), for an
+    /// operator who asks to see it; `None` for a key not done or not stored.
+    fn answer(
+        &self,
+        client_id: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<StoredResponse>, StoreError>> + Send;
 }
 
 /// What readiness and the gauges read.

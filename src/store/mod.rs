@@ -34,8 +34,8 @@ pub use rehash::{RehashKeys, Rehashed};
 pub use replay_cache::ReplayCache;
 pub use reseal::{Reseal, StoredRow};
 pub use types::{
-    CacheStatus, Claim, Completion, Fence, Fenced, KeyRecord, KeyState, Lease, PoolStatus,
-    Reservation, ReserveRequest,
+    CacheStatus, Claim, Completion, Fence, Fenced, KeyRecord, KeyState, Lease, PageMark,
+    PoolStatus, Reservation, ReserveRequest, Stuck,
 };
 pub use waiters::Waiters;
 pub use writes::{Reserve, Write, WriteBatch, Written};

@@ -181,6 +181,59 @@ pub struct KeyRecord {
     pub derived_key: Option<String>,
     /// The key of the ring the stored answer is sealed with; `None`: in clear (or none).
     pub sealed_with: Option<String>,
+    /// What the recovery probe last answered for this key while unresolved (`"503"`, `"no
+    /// answer"`); `None` before any inconclusive probe.
+    pub probe_answer: Option<String>,
+}
+
+/// Where a page of unresolved keys ends, so that the next page starts after it: the keys
+/// are listed by lease end, then client id and key (keyset pagination — a page deep in a
+/// long list costs what the first one does).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageMark {
+    /// The lease end, Unix microseconds.
+    pub lease_end_us: i64,
+    pub client_id: String,
+    pub key: String,
+}
+
+impl PageMark {
+    /// The mark as one opaque URL-safe token (`/admin/stuck?after=`, the console's pages).
+    pub fn encode(&self) -> String {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        format!(
+            "{}.{}.{}",
+            self.lease_end_us,
+            b64.encode(&self.client_id),
+            b64.encode(&self.key)
+        )
+    }
+
+    /// Reads a token [`PageMark::encode`] wrote; `None` for anything else.
+    pub fn decode(token: &str) -> Option<Self> {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let mut parts = token.splitn(3, '.');
+        let lease_end_us = parts.next()?.parse().ok()?;
+        let text = |part: Option<&str>| {
+            b64.decode(part?)
+                .ok()
+                .and_then(|bytes| String::from_utf8(bytes).ok())
+        };
+        Some(PageMark {
+            lease_end_us,
+            client_id: text(parts.next())?,
+            key: text(parts.next())?,
+        })
+    }
+}
+
+/// An unresolved key as listed, with its place in the list.
+#[derive(Debug, Clone)]
+pub struct Stuck {
+    pub record: KeyRecord,
+    pub mark: PageMark,
 }
 
 /// Where a key stands. The table keeps two states (`in_progress`, `done`); an in-progress

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use idemproxy::store::{
     AnyStore, Claim, Completion, Fence, Fenced, Health, Inspect, KeyId, KeyRecord, KeyStore, Lease,
-    Maintenance, PoolStatus, Reservation, ReserveRequest, StoreError, StoredResponse, Write,
-    WriteBatch, Written,
+    Maintenance, PageMark, PoolStatus, Reservation, ReserveRequest, StoreError, StoredResponse,
+    Stuck, Write, WriteBatch, Written,
 };
 use support::*;
 use tokio::sync::Notify;
@@ -120,8 +120,11 @@ impl Maintenance for Store {
         fence: &Fence,
         unresolved_since_ms: i64,
         retry_in: Duration,
+        answer: &str,
     ) -> Result<Fenced, StoreError> {
-        self.inner.defer(fence, unresolved_since_ms, retry_in).await
+        self.inner
+            .defer(fence, unresolved_since_ms, retry_in, answer)
+            .await
     }
 
     async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
@@ -138,8 +141,16 @@ impl Inspect for Store {
         self.inner.evict(client_id, key).await
     }
 
-    async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
-        self.inner.stuck(limit).await
+    async fn stuck(&self, after: Option<&PageMark>, limit: i64) -> Result<Vec<Stuck>, StoreError> {
+        self.inner.stuck(after, limit).await
+    }
+
+    async fn answer(
+        &self,
+        client_id: &str,
+        key: &str,
+    ) -> Result<Option<StoredResponse>, StoreError> {
+        self.inner.answer(client_id, key).await
     }
 }
 
@@ -553,14 +564,80 @@ async fn stuck_and_evict(db: Subject) {
     reserved(&store, "abandoned", TINY, DAY).await;
     reserved(&store, "live", LONG, DAY).await;
     expire().await;
-    let stuck = store.stuck(10).await.unwrap();
+    let stuck = store.stuck(None, 10).await.unwrap();
     assert_eq!(stuck.len(), 1);
-    assert_eq!(stuck[0].key, "abandoned");
-    assert!(stuck[0].state.lease_remaining_ms().unwrap() < 0);
+    assert_eq!(stuck[0].record.key, "abandoned");
+    assert!(stuck[0].record.state.lease_remaining_ms().unwrap() < 0);
     assert!(store.evict("client", "abandoned").await.unwrap());
     assert!(!store.evict("client", "abandoned").await.unwrap());
     let again = reserved(&store, "abandoned", LONG, DAY).await;
     assert_eq!((again.attempts, again.takeover), (1, false));
+}
+
+/// Unresolved keys are listed a page at a time, longest unresolved first: following each
+/// page's last mark lists every key exactly once, in order, also when many share a lease
+/// end (reserved in one batch); a key in flight is never listed.
+async fn stuck_pages_list_every_key_once(db: Subject) {
+    let store = db.store();
+    let keys: Vec<String> = (0..23).map(|i| format!("u{i:02}")).collect();
+    let reservations = keys.iter().map(|k| {
+        let store = store.clone();
+        let k = k.clone();
+        async move { reserved(&store, &k, TINY, DAY).await }
+    });
+    futures_join_all(reservations).await;
+    reserved(&store, "live", LONG, DAY).await;
+    expire().await;
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store.stuck(after.as_ref(), 5).await.unwrap();
+        assert!(page.len() <= 5);
+        let Some(last) = page.last() else { break };
+        after = Some(last.mark.clone());
+        seen.extend(
+            page.into_iter()
+                .map(|s| (s.mark.lease_end_us, s.record.key)),
+        );
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    assert_eq!(seen, sorted, "pages come in lease order, then key order");
+    let mut listed: Vec<String> = seen.into_iter().map(|(_, k)| k).collect();
+    listed.sort();
+    assert_eq!(listed, keys);
+    // A mark survives its token form.
+    let first = store.stuck(None, 1).await.unwrap().remove(0).mark;
+    assert_eq!(PageMark::decode(&first.encode()), Some(first));
+}
+
+/// An operator may read a completed key's stored answer; a key in flight has none.
+async fn stored_answers_are_read_for_operators(db: Subject) {
+    let store = db.store();
+    let lease = reserved(&store, "done", LONG, DAY).await;
+    store
+        .complete(&fence("done", &lease), &answer("{\"id\":1}"))
+        .await
+        .unwrap();
+    reserved(&store, "flying", LONG, DAY).await;
+    let stored = store.answer("client", "done").await.unwrap().unwrap();
+    assert_eq!(stored.status, 201);
+    assert_eq!(&stored.body[..], b"{\"id\":1}");
+    assert_eq!(&stored.headers[..], b"content-type: application/json\r\n");
+    assert_eq!(stored.sealed, None);
+    assert_eq!(store.answer("client", "flying").await.unwrap(), None);
+    assert_eq!(store.answer("client", "never").await.unwrap(), None);
+}
+
+/// Runs futures at once and waits for all.
+async fn futures_join_all<F: std::future::Future + Send + 'static>(futures: impl Iterator<Item = F>)
+where
+    F::Output: Send,
+{
+    let tasks: Vec<_> = futures.map(tokio::spawn).collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
 }
 
 /// A key reserved on `route` with a 1 ms lease, left unresolved.
@@ -669,13 +746,19 @@ async fn deferred_keys_wait_out_their_backoff(db: Subject) {
     let backoff = Duration::from_millis(400);
     assert_eq!(
         store
-            .defer(&claim_fence(&claim), claim.unresolved_since_ms, backoff)
+            .defer(
+                &claim_fence(&claim),
+                claim.unresolved_since_ms,
+                backoff,
+                "503"
+            )
             .await
             .unwrap(),
         Fenced::Applied
     );
     let row = store.lookup("client", "k").await.unwrap().unwrap();
     assert_eq!(row.probes, 1);
+    assert_eq!(row.probe_answer.as_deref(), Some("503"));
     assert!(row.state.lease_remaining_ms().unwrap() < 0);
     assert!(row.probe_after_ms.unwrap() > now_ms());
     assert_eq!(
@@ -700,13 +783,23 @@ async fn deferred_keys_wait_out_their_backoff(db: Subject) {
     // The earlier claim's token is stale now.
     assert_eq!(
         store
-            .defer(&claim_fence(&claim), claim.unresolved_since_ms, backoff)
+            .defer(
+                &claim_fence(&claim),
+                claim.unresolved_since_ms,
+                backoff,
+                "503"
+            )
             .await
             .unwrap(),
         Fenced::Refused
     );
     store
-        .defer(&claim_fence(&again), again.unresolved_since_ms, DAY)
+        .defer(
+            &claim_fence(&again),
+            again.unresolved_since_ms,
+            DAY,
+            "no answer",
+        )
         .await
         .unwrap();
     // Waiting out a backoff is the reconciler's business: a client retry takes over.
@@ -798,6 +891,8 @@ conformance!(
     concurrent_sweepers_delete_each_row_once,
     dozens_of_concurrent_reservations,
     stuck_and_evict,
+    stuck_pages_list_every_key_once,
+    stored_answers_are_read_for_operators,
 );
 
 /// PostgreSQL calls past `pool_size` queue for a turn before they ask the pool. The

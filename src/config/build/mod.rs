@@ -3,6 +3,7 @@
 //! [`store`], [`routes`] (and their [`policy`]), the [`background`] tasks, [`limits`]; what is left is
 //! here.
 
+mod admin;
 mod background;
 mod client_id;
 mod encryption;
@@ -24,6 +25,8 @@ use super::model::*;
 use super::policy::*;
 use crate::config::RouteTable;
 use crate::route::PathPattern;
+pub use admin::UNNAMED_TOKEN;
+use admin::build_admin_tokens;
 use background::{build_reconcile, build_sweep, build_tracing};
 use client_id::{build_client_id, rotating_identity_warnings};
 use encryption::build_encryption;
@@ -137,15 +140,12 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
     let client_id = build_client_id(&mut problems, &file, overrides.env.as_ref());
     let shutdown_grace = file.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0);
     let admin_token = file.admin_token.clone().filter(|t| !t.is_empty());
-    if let Some(addr) = admin_listen
-        && !addr.ip().is_loopback()
-        && admin_token.is_none()
-    {
-        problems.push(
-            "admin_token",
-            format!("required when admin_listen ({addr}) is not a loopback address; set it or IDEMPROXY_ADMIN_TOKEN"),
-        );
-    }
+    let admin_tokens = build_admin_tokens(
+        &mut problems,
+        admin_listen,
+        admin_token.as_deref(),
+        file.admin_tokens.as_deref(),
+    );
     let (sweep_interval, sweep_batch, unresolved_retention) =
         build_sweep(&mut problems, file.sweep.as_ref());
     let limits = build_limits(
@@ -226,6 +226,7 @@ pub(crate) fn build(mut file: FileConfig, overrides: &Overrides) -> Result<Confi
                 errors,
                 warnings,
                 admin_token,
+                admin_tokens,
                 sweep_interval,
                 sweep_batch,
                 unresolved_retention,

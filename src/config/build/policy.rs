@@ -33,6 +33,10 @@ pub(super) fn merge_policy(
         .or(base.map(|b| b.require_key))
         .unwrap_or(false);
     let on_conflict = on_conflict(p, at, base, own);
+    let console_body = own
+        .console_body
+        .or(base.map(|b| b.console_body))
+        .unwrap_or(true);
     let after = after_the_upstream(p, at, base, own);
     let errors = super::errors::errors(p, at, base, own.errors.as_ref());
     if p.0.len() != before {
@@ -63,6 +67,7 @@ pub(super) fn merge_policy(
         ambiguous_statuses: after.ambiguous_statuses,
         takeover: after.takeover,
         errors,
+        console_body,
     })
 }
 

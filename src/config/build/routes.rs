@@ -182,5 +182,6 @@ fn route_policy(r: &FileRoute) -> FilePolicy {
         ambiguous_statuses: r.ambiguous_statuses.clone(),
         takeover: r.takeover.clone(),
         errors: r.errors.clone(),
+        console_body: r.console_body,
     }
 }

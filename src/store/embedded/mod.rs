@@ -13,6 +13,7 @@
 //! replicas.
 
 mod form_agreement;
+mod inspect;
 mod open;
 mod rehash;
 mod reseal;
@@ -26,16 +27,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, params};
 use tokio::sync::Notify;
 
 use crate::store::Waiters;
-use crate::store::contract::{Health, Inspect, KeyStore, Maintenance};
+use crate::store::contract::{Health, KeyStore, Maintenance};
 use crate::store::group_commit::GroupCommit;
 use crate::store::replay_cache::{ReplayCache, cached_in, reserve_through};
 use crate::store::types::*;
 use crate::store::writes::{Write, WriteBatch, Written};
-use write::{RECORD_COLUMNS, record};
 
 /// SQLite-backed [`KeyStore`] for a single instance.
 #[derive(Clone)]
@@ -324,50 +324,13 @@ impl Maintenance for EmbeddedStore {
         fence: &Fence,
         unresolved_since_ms: i64,
         retry_in: Duration,
+        answer: &str,
     ) -> Result<Fenced, StoreError> {
-        Self::defer(self, fence, unresolved_since_ms, retry_in).await
+        Self::defer(self, fence, unresolved_since_ms, retry_in, answer).await
     }
 
     async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
         Self::unresolved_counts(self).await
-    }
-}
-
-impl Inspect for EmbeddedStore {
-    async fn lookup(&self, client_id: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
-        let (client_id, key) = (client_id.to_owned(), key.to_owned());
-        self.call(move |conn| {
-            let sql = format!(
-                "SELECT {RECORD_COLUMNS} FROM idempotency_keys WHERE client_id = ?1 AND key = ?2"
-            );
-            Ok(conn
-                .query_row(&sql, params![client_id, key], record)
-                .optional()?)
-        })
-        .await
-    }
-
-    async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
-        let (client, k) = (client_id.to_owned(), key.to_owned());
-        let existed = self
-            .call(move |conn| {
-                Ok(conn.execute(
-                    "DELETE FROM idempotency_keys WHERE client_id = ?1 AND key = ?2",
-                    params![client, k],
-                )? > 0)
-            })
-            .await?;
-        if let Some(cache) = &self.inner.cache {
-            cache.invalidate(&key_id(client_id, key));
-        }
-        Ok(existed)
-    }
-
-    // The unresolved-key calls are the inherent methods of the same names in
-    // `unresolved.rs` (inherent methods are found first).
-
-    async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
-        Self::stuck(self, limit).await
     }
 }
 

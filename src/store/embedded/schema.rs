@@ -10,7 +10,7 @@ use rusqlite::Connection;
 use crate::store::types::StoreError;
 
 /// The version this binary writes and understands.
-const SCHEMA_VERSION: i32 = 5;
+const SCHEMA_VERSION: i32 = 6;
 
 /// Version 1: the key table, its index for the sweep, and the lease-token counter.
 const SCHEMA: &str = "
@@ -58,6 +58,9 @@ const SCHEMA_4: &str = "ALTER TABLE idempotency_keys ADD COLUMN sealed_with TEXT
 const SCHEMA_5: &str =
     "CREATE TABLE idemproxy_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);";
 
+/// Version 6: what the recovery probe last answered for an unresolved key (0012).
+const SCHEMA_6: &str = "ALTER TABLE idempotency_keys ADD COLUMN probe_answer TEXT;";
+
 /// Applies every version `conn`'s file does not have yet; refuses a file from a newer
 /// idemproxy.
 pub(super) fn bring_up_to_date(conn: &Connection, path: &Path) -> Result<(), StoreError> {
@@ -69,7 +72,7 @@ pub(super) fn bring_up_to_date(conn: &Connection, path: &Path) -> Result<(), Sto
         )));
     }
     // Each step and its version in one transaction: a crash leaves one or the other.
-    let steps = [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5];
+    let steps = [SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6];
     for (step, sql) in (1..).zip(steps) {
         if version < step {
             conn.execute_batch(&format!(

@@ -13,20 +13,6 @@ use super::write::{RECORD_COLUMNS, Tokens, now_ms, record};
 use crate::store::types::*;
 
 impl EmbeddedStore {
-    /// Unresolved keys, longest unresolved first.
-    pub(super) async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
-        self.call(move |conn| {
-            let sql = format!(
-                "SELECT {RECORD_COLUMNS} FROM idempotency_keys \
-                 WHERE status = 'in_progress' AND locked_until_ms < ?1 ORDER BY locked_until_ms LIMIT ?2"
-            );
-            let mut stmt = conn.prepare_cached(&sql)?;
-            let rows = stmt.query_map(params![now_ms(), limit], record)?;
-            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-        })
-        .await
-    }
-
     /// Deletes up to `batch` keys unresolved for more than `unresolved_for`, returning them.
     pub(super) async fn sweep_unresolved(
         &self,
@@ -99,14 +85,16 @@ impl EmbeddedStore {
         fence: &Fence,
         unresolved_since_ms: i64,
         retry_in: Duration,
+        answer: &str,
     ) -> Result<Fenced, StoreError> {
         let fence = fence.clone();
         let retry_in = millis(retry_in);
+        let answer = answer.to_owned();
         self.call(move |conn| {
             let now = now_ms();
             let n = conn.execute(
                 "UPDATE idempotency_keys SET locked_until_ms = min(?4, ?5), probes = probes + 1, \
-                 probe_after_ms = ?6 \
+                 probe_after_ms = ?6, probe_answer = ?7 \
                  WHERE client_id = ?1 AND key = ?2 AND lease_token = ?3 AND status = 'in_progress'",
                 params![
                     fence.client_id,
@@ -114,7 +102,8 @@ impl EmbeddedStore {
                     fence.token,
                     unresolved_since_ms,
                     now,
-                    now.saturating_add(retry_in)
+                    now.saturating_add(retry_in),
+                    answer
                 ],
             )?;
             Ok(if n > 0 {

@@ -302,9 +302,12 @@ fn reserve(
 
 /// The columns [`record`] reads, in its order. The body's length is the answer's: a sealed
 /// body is longer by `vault::OVERHEAD` (33, checked by a test).
+/// How many columns [`RECORD_COLUMNS`] has: what a statement returns after them starts here.
+pub(super) const RECORD_LEN: usize = 19;
+
 pub(super) const RECORD_COLUMNS: &str = "client_id, key, route, status, fingerprint, lease_token, locked_until_ms, attempts, \
      response_status, length(response_body) - CASE WHEN sealed_with IS NULL THEN 0 ELSE 33 END, replayable, \
-     created_ms, completed_ms, expires_ms, probes, probe_after_ms, derived_key, sealed_with";
+     created_ms, completed_ms, expires_ms, probes, probe_after_ms, derived_key, sealed_with, probe_answer";
 
 /// A row as operators see it.
 pub(super) fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRecord> {
@@ -329,6 +332,7 @@ pub(super) fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRecord> {
         probe_after_ms: r.get(15)?,
         derived_key: r.get(16)?,
         sealed_with: r.get(17)?,
+        probe_answer: r.get(18)?,
     })
 }
 

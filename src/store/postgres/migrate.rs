@@ -91,6 +91,11 @@ pub const MIGRATIONS: &[Migration] = &[
         "byte_order_keys",
         include_str!("../../../migrations/0011_byte_order_keys.sql"),
     ),
+    plain(
+        12,
+        "probe_answer",
+        include_str!("../../../migrations/0012_probe_answer.sql"),
+    ),
 ];
 
 /// The schema version this binary needs: the last migration's.

@@ -12,6 +12,7 @@ mod call;
 mod conn;
 mod connect;
 mod form_agreement;
+mod inspect;
 mod io_thread;
 mod lanes;
 mod listen;
@@ -36,7 +37,7 @@ use tokio_postgres::types::{ToSql, Type};
 
 use crate::config::PostgresConfig;
 use crate::store::Waiters;
-use crate::store::contract::{Health, Inspect, KeyStore, Maintenance};
+use crate::store::contract::{Health, KeyStore, Maintenance};
 use crate::store::group_commit::GroupCommit;
 use crate::store::replay_cache::{ReplayCache, cached_in, reserve_through};
 use crate::store::types::*;
@@ -269,58 +270,13 @@ impl Maintenance for PgStore {
         fence: &Fence,
         unresolved_since_ms: i64,
         retry_in: Duration,
+        answer: &str,
     ) -> Result<Fenced, StoreError> {
-        Self::defer(self, fence, unresolved_since_ms, retry_in).await
+        Self::defer(self, fence, unresolved_since_ms, retry_in, answer).await
     }
 
     async fn unresolved_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
         Self::unresolved_counts(self).await
-    }
-}
-
-impl Inspect for PgStore {
-    async fn lookup(&self, client_id: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
-        self.with_client(|client| async move {
-            let sql = format!(
-                "SELECT {RECORD_COLUMNS} FROM idempotency_keys WHERE client_id = $1 AND key = $2"
-            );
-            let rows = client
-                .typed_query(&sql, &[(&client_id, Type::TEXT), (&key, Type::TEXT)])
-                .await?;
-            rows.first().map(record).transpose()
-        })
-        .await
-    }
-
-    async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
-        let id = key_id(client_id, key);
-        let existed = self
-            .with_client(|client| async move {
-                let payload = crate::key::hex(&id);
-                let params: [Param<'_>; 3] = [
-                    (&client_id, Type::TEXT),
-                    (&key, Type::TEXT),
-                    (&payload, Type::TEXT),
-                ];
-                let rows = client.typed_query(EVICT, &params).await?;
-                let row = rows
-                    .first()
-                    .ok_or_else(|| StoreError::Corrupt("no row from an eviction".into()))?;
-                Ok(row.try_get::<_, i64>(0)? > 0)
-            })
-            .await?;
-        // Every replica (this one included) also hears the notice; this one need not wait.
-        if let Some(cache) = &self.cache {
-            cache.invalidate(&id);
-        }
-        Ok(existed)
-    }
-
-    // The unresolved-key calls are the inherent methods of the same names in
-    // `unresolved.rs` (inherent methods are found first).
-
-    async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
-        Self::stuck(self, limit).await
     }
 }
 

@@ -33,7 +33,7 @@ pub(super) const RELEASE: &str = "WITH gone AS ( \
             (SELECT pg_notify('idemproxy_done', $4) FROM gone WHERE $5 LIMIT 1)::text";
 
 /// How many columns [`RECORD_COLUMNS`] has: what a statement returns after them starts here.
-pub(super) const RECORD_LEN: usize = 18;
+pub(super) const RECORD_LEN: usize = 19;
 
 /// The body's length is the answer's: a sealed body is longer by `vault::OVERHEAD` (33,
 /// checked by a test).
@@ -41,7 +41,7 @@ pub(super) const RECORD_COLUMNS: &str = "client_id, key, route, status, fingerpr
      (extract(epoch FROM locked_until - now()) * 1000)::int8, attempts, response_status, \
      (length(response_body) - CASE WHEN sealed_with IS NULL THEN 0 ELSE 33 END)::int8, replayable, (extract(epoch FROM created_at) * 1000)::int8, \
      (extract(epoch FROM completed_at) * 1000)::int8, (extract(epoch FROM expires_at) * 1000)::int8, \
-     probes, (extract(epoch FROM probe_after) * 1000)::int8, derived_key, sealed_with";
+     probes, (extract(epoch FROM probe_after) * 1000)::int8, derived_key, sealed_with, probe_answer";
 
 /// An eviction tells every replica's replay cache (`$3`: the key's id) in the same round
 /// trip.
@@ -150,6 +150,7 @@ pub(super) fn record(r: &tokio_postgres::Row) -> Result<KeyRecord, StoreError> {
         probe_after_ms: r.try_get(15)?,
         derived_key: r.try_get(16)?,
         sealed_with: r.try_get(17)?,
+        probe_answer: r.try_get(18)?,
     })
 }
 

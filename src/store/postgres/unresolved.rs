@@ -13,19 +13,6 @@ use super::sql::*;
 use crate::store::types::*;
 
 impl PgStore {
-    /// Unresolved keys, longest unresolved first.
-    pub(super) async fn stuck(&self, limit: i64) -> Result<Vec<KeyRecord>, StoreError> {
-        self.with_client(|client| async move {
-            let sql = format!(
-                "SELECT {RECORD_COLUMNS} FROM idempotency_keys \
-                 WHERE status = 'in_progress' AND locked_until < now() ORDER BY locked_until LIMIT $1"
-            );
-            let rows = client.index_walk_query(&sql, &[(&limit, Type::INT8)]).await?;
-            rows.iter().map(record).collect()
-        })
-        .await
-    }
-
     /// Deletes up to `batch` keys unresolved for more than `unresolved_for`, returning them.
     pub(super) async fn sweep_unresolved(
         &self,
@@ -86,6 +73,7 @@ impl PgStore {
         fence: &Fence,
         unresolved_since_ms: i64,
         retry_in: Duration,
+        answer: &str,
     ) -> Result<Fenced, StoreError> {
         let retry_in = millis(retry_in);
         self.with_client(|client| async move {
@@ -98,6 +86,7 @@ impl PgStore {
                         (&fence.token, Type::INT8),
                         (&unresolved_since_ms, Type::INT8),
                         (&retry_in, Type::INT8),
+                        (&answer, Type::TEXT),
                     ],
                 )
                 .await?;
@@ -144,7 +133,7 @@ fn claim_sql() -> String {
 
 const DEFER: &str = "UPDATE idempotency_keys \
      SET locked_until = LEAST(to_timestamp($4::int8 / 1000.0), now()), probes = probes + 1, \
-         probe_after = now() + $5::int8 * interval '1 millisecond' \
+         probe_after = now() + $5::int8 * interval '1 millisecond', probe_answer = $6 \
      WHERE client_id = $1 AND key = $2 AND lease_token = $3 AND status = 'in_progress'";
 
 const COUNT_UNRESOLVED: &str = "SELECT route, count(*) FROM idempotency_keys \
