@@ -11,6 +11,7 @@
 mod support;
 
 mod concurrency;
+mod console;
 mod crash;
 mod dead_versions;
 mod demo;

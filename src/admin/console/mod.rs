@@ -462,7 +462,7 @@ fn secure(mut resp: Response<ProxyBody>) -> Response<ProxyBody> {
     );
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp

@@ -16,6 +16,7 @@ pub mod proxies;
 pub mod relay;
 pub mod upstream;
 pub mod volume;
+pub mod webdriver;
 pub mod wire;
 
 pub use clients::*;
