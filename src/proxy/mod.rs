@@ -8,6 +8,7 @@ mod headers;
 mod held;
 mod identity;
 mod job;
+mod journal;
 mod key;
 mod lease;
 mod live;
@@ -21,6 +22,7 @@ mod state;
 
 pub use admission::{ConnectionWork, Refused};
 pub use faults::{Fault, FaultKind};
+pub use journal::{CAPACITY as JOURNAL_CAPACITY, Journal, Seen};
 pub use key::{body_key, parse_key};
 pub use live::Reloaded;
 pub use reconcile::Reconciled;

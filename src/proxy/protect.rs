@@ -84,11 +84,14 @@ where
             .await
             .unwrap_or_else(|_| (Outcome::Failed, Err(ProxyError::Internal))),
     };
+    let status = match &result {
+        Ok(resp) => resp.status().as_u16(),
+        Err(e) => e.status().as_u16(),
+    };
+    if let Some(key) = &key {
+        shared.journal.record(key, outcome.as_str(), status);
+    }
     if let (Some(client), Some(key)) = (client, key) {
-        let status = match &result {
-            Ok(resp) => resp.status().as_u16(),
-            Err(e) => e.status().as_u16(),
-        };
         tracing::info!(
             route = %route.name,
             client = %client,

@@ -57,6 +57,8 @@ pub(crate) struct Shared<S> {
     /// Detached executions (upstream call + completion). They outlive the client's
     /// connection on purpose; shutdown waits for them so no answer is left unstored.
     pub tasks: TaskTracker,
+    /// What this replica answered for recent keys (the console's key story).
+    pub journal: Arc<super::journal::Journal>,
     /// Raised when shutdown starts, so that readiness turns false at once and load
     /// balancers stop sending; shared by every server thread.
     pub draining: Arc<AtomicBool>,
@@ -125,6 +127,7 @@ impl<S: KeyStore> Proxy<S> {
                 metrics,
                 unrouted: Arc::from("-"),
                 tasks: TaskTracker::new(),
+                journal: Arc::default(),
                 draining: Arc::default(),
             }),
         }
@@ -153,6 +156,7 @@ impl<S: KeyStore> Proxy<S> {
                 metrics: Arc::clone(&shared.metrics),
                 unrouted: Arc::clone(&shared.unrouted),
                 tasks: shared.tasks.clone(),
+                journal: Arc::clone(&shared.journal),
                 draining: Arc::clone(&shared.draining),
             }),
         }
@@ -230,6 +234,11 @@ impl<S: KeyStore> Proxy<S> {
     /// Whether shutdown has started.
     pub fn is_draining(&self) -> bool {
         self.shared.draining.load(Ordering::Acquire)
+    }
+
+    /// What this replica answered for recent keys (the console's key story).
+    pub fn journal(&self) -> &super::journal::Journal {
+        &self.shared.journal
     }
 
     /// What the proxy has counted; the admin listener renders it.

@@ -186,7 +186,11 @@ pub(super) async fn story<S: KeyStore + Inspect>(
             format!("<code>{}</code> (encryption at rest)", esc(ring)),
         );
     }
-    out.push_str("</dl><h2>Timeline</h2><ol class=\"timeline\">");
+    let _ = write!(
+        out,
+        "</dl><h2>Timeline</h2><p class=\"lede\">From the row, and what this replica answered the key's requests (it remembers its last {} keys; other replicas answer theirs).</p><ol class=\"timeline\">",
+        crate::proxy::JOURNAL_CAPACITY
+    );
     let mut events: Vec<(i64, String)> = vec![(
         r.created_at_ms,
         "Reserved: the first request with this key was forwarded upstream".into(),
@@ -241,6 +245,35 @@ pub(super) async fn story<S: KeyStore + Inspect>(
             ),
         };
         events.push((at, replayed));
+    }
+    // What this replica answered the key's requests (the row keeps no replays).
+    for seen in proxy
+        .journal()
+        .seen(&crate::key::key_hash(&r.client_id, typed))
+    {
+        let what = match seen.outcome {
+            "replayed" => "Replayed the stored answer",
+            "conflict" => "Answered a duplicate while in flight (409 or a wait)",
+            "mismatch" => "Refused a different request reusing the key (422)",
+            "outcome_unknown" => "Answered a retry: outcome unknown",
+            "executed" => "Executed and answered",
+            "released" => "Released after the upstream's answer",
+            "store_error" => "Failed closed: the store could not be reached",
+            "upstream_error" => "The upstream failed",
+            other => other,
+        };
+        let times = if seen.count == 1 {
+            String::new()
+        } else {
+            format!(" — {} times, last at {}", seen.count, when(seen.last_ms))
+        };
+        events.push((
+            seen.first_ms,
+            format!(
+                "{what} (status {}){times} <span class=\"note\">this replica</span>",
+                seen.status
+            ),
+        ));
     }
     events.push((
         r.expires_at_ms,
