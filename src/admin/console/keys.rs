@@ -12,19 +12,13 @@ use crate::stored::decode_stored;
 /// Rows per page of the unresolved list.
 pub(super) const PAGE: i64 = 50;
 
-/// The unresolved keys from after `after`, with the store's count per route.
-pub(super) async fn unresolved<S: KeyStore + Inspect + crate::store::Maintenance>(
+/// The unresolved keys from after `after`; `total`, the count (a few seconds old at most).
+pub(super) async fn unresolved<S: KeyStore + Inspect>(
     proxy: &Proxy<S>,
     after: Option<&PageMark>,
+    total: u64,
 ) -> Result<String, crate::store::StoreError> {
-    let store = proxy.store();
-    let rows = store.stuck(after, PAGE + 1).await?;
-    let total: u64 = store
-        .unresolved_counts()
-        .await?
-        .iter()
-        .map(|(_, n)| n)
-        .sum();
+    let rows = proxy.store().stuck(after, PAGE + 1).await?;
     let more = rows.len() as i64 > PAGE;
     let rows = &rows[..rows.len().min(PAGE as usize)];
     let mut out = String::new();

@@ -41,14 +41,45 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
 
-/// The console's state: sessions and the counters' samples.
+/// How long a count of the unresolved keys is used: counting walks the index of keys in
+/// flight (tens of milliseconds at 100,000 unresolved keys), so the pages and every open
+/// overview share one count at most this old.
+const COUNT_FOR: Duration = Duration::from_secs(5);
+
+/// The console's state: sessions, the counters' samples, the last unresolved count.
 #[derive(Default)]
 pub struct Console {
     sessions: Sessions,
     samples: overview::Samples,
+    counted: tokio::sync::Mutex<Option<(std::time::Instant, Counts)>>,
 }
 
+/// Unresolved keys per route.
+type Counts = Vec<(String, u64)>;
+
 impl Console {
+    /// The unresolved keys per route, counted at most [`COUNT_FOR`] ago; `None` when the
+    /// store does not answer.
+    async fn counts<S: KeyStore + Maintenance>(
+        &self,
+        proxy: &Proxy<S>,
+    ) -> Option<Vec<(String, u64)>> {
+        // One count at a time: requests arriving meanwhile wait for it and share it.
+        let mut counted = self.counted.lock().await;
+        if let Some((at, counts)) = counted.as_ref()
+            && at.elapsed() < COUNT_FOR
+        {
+            return Some(counts.clone());
+        }
+        let counts =
+            tokio::time::timeout(Duration::from_secs(5), proxy.store().unresolved_counts())
+                .await
+                .ok()?
+                .ok()?;
+        *counted = Some((std::time::Instant::now(), counts.clone()));
+        Some(counts)
+    }
+
     /// Samples the proxy's counters every few seconds, for the overview's rates; runs
     /// until dropped (the admin listener aborts it when it stops).
     pub async fn sample<S: KeyStore>(self: Arc<Self>, proxy: Proxy<S>) {
@@ -169,7 +200,11 @@ pub async fn handle<S: KeyStore + Inspect + Maintenance>(
                     }
                 },
             };
-            match keys::unresolved(proxy, after.as_ref()).await {
+            let total = match console.counts(proxy).await {
+                Some(counts) => counts.iter().map(|(_, n)| n).sum(),
+                None => return store_down(&viewer),
+            };
+            match keys::unresolved(proxy, after.as_ref(), total).await {
                 Ok(main) => html(
                     StatusCode::OK,
                     page("Unresolved keys", Some(&viewer), Tab::Unresolved, &main),
@@ -228,8 +263,8 @@ async fn figures<S: KeyStore + Maintenance>(
 ) -> overview::Figures {
     let now = overview::Snapshot::parse(&proxy.metrics().render_classic());
     let mut figures = console.samples.figures(now);
-    match tokio::time::timeout(Duration::from_secs(5), proxy.store().unresolved_counts()).await {
-        Ok(Ok(counts)) => {
+    match console.counts(proxy).await {
+        Some(counts) => {
             figures.unresolved = Some(counts.iter().map(|(_, n)| n).sum());
             figures.unresolved_by_route = counts;
         }
