@@ -29,6 +29,8 @@ pub(super) struct KeyView<'a> {
     /// Inconclusive reconciler probes so far, and when the reconciler may ask again.
     probes: i32,
     next_probe_at: Option<String>,
+    /// What the recovery probe last answered (`"503"`, `"no answer"`).
+    probe_answer: Option<&'a str>,
     /// Whether a reconciler settles this key by itself: it is unresolved, its route has a
     /// `recovery_probe` and `reconcile` is on. Otherwise only a client retry (takeover)
     /// or an operator (`resolve`, `DELETE`) ends it.
@@ -67,6 +69,7 @@ impl<'a> From<&'a KeyRecord> for KeyView<'a> {
             expires_at: rfc3339(r.expires_at_ms),
             probes: r.probes,
             next_probe_at: r.probe_after_ms.map(rfc3339),
+            probe_answer: r.probe_answer.as_deref(),
             reconciler: false,
         }
     }
