@@ -502,6 +502,7 @@ fn documented_configurations_are_valid() {
         "docs/stores.md",
         "docs/operations.md",
         "docs/security.md",
+        "docs/console.md",
         "docs/apis/stripe.md",
         "docs/apis/adyen.md",
         "docs/apis/paypal.md",

@@ -71,3 +71,56 @@ pub(super) fn build_admin_tokens(
     }
     tokens
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Overrides, load_str};
+
+    const UP: &str = "upstream:\n  url: http://127.0.0.1:3000\n";
+    const ALICE: &str = "2bd806c97f0e00af1a1fc3328fa763a9269723c8db8fac4f93af71db186d6e90";
+
+    fn errors(yaml: &str) -> String {
+        match load_str(&format!("{UP}{yaml}"), &Overrides::default()) {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// Named tokens are checked, each mistake under its key; one of them is enough for a
+    /// listener that is not loopback.
+    #[test]
+    fn named_tokens_are_checked() {
+        let ok = load_str(
+            &format!("{UP}admin_listen: 0.0.0.0:9090\nadmin_tokens:\n  - name: alice\n    sha256: {ALICE}\n"),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(ok.admin_tokens[0].name, "alice");
+        assert_eq!(ok.admin_tokens[0].sha256[0], 0x2b);
+        let e = errors("admin_listen: 0.0.0.0:9090\n");
+        assert!(e.contains("admin_token: required when admin_listen"), "{e}");
+        let e = errors("admin_tokens:\n  - name: al ice\n    sha256: zz\n");
+        assert!(e.contains("admin_tokens[0].name"), "{e}");
+        let e = errors("admin_tokens:\n  - name: bob\n    sha256: zz\n");
+        assert!(
+            e.contains("admin_tokens[0].sha256: must be the token's SHA-256"),
+            "{e}"
+        );
+        let e = errors(&format!(
+            "admin_tokens:\n  - name: bob\n    sha256: {ALICE}\n  - name: bob\n    sha256: {ALICE}\n"
+        ));
+        assert!(
+            e.contains("admin_tokens[1].name: `bob` is named twice"),
+            "{e}"
+        );
+        let e = errors(&format!(
+            "admin_token: x\nadmin_tokens:\n  - name: admin\n    sha256: {ALICE}\n"
+        ));
+        assert!(
+            e.contains("admin_tokens[0].name: `admin` is the name of admin_token"),
+            "{e}"
+        );
+        let e = errors("admin_tokens:\n  - name: bob\n");
+        assert!(e.contains("sha256"), "a missing hash is named: {e}");
+    }
+}
