@@ -173,8 +173,8 @@ async fn an_operator_resolves_an_unresolved_key_in_the_browser() {
         "nothing happens before confirming"
     );
     browser.screenshot("5-confirm").await;
-    let confirm = browser.find("button.danger").await;
-    browser.click(&confirm).await;
+    tab_to(&browser, "Store the answer").await;
+    browser.keys(ENTER).await;
     browser.find(".done").await;
     assert!(browser.text().await.contains("Resolved: stored status 201"));
     browser.screenshot("6-resolved").await;
@@ -195,9 +195,15 @@ async fn an_operator_resolves_an_unresolved_key_in_the_browser() {
     );
     assert!(!log.contains(ALICE), "the token is never logged");
 
-    // The story now says answered; the body only on request.
-    let back = browser.find(".done + p a").await;
-    browser.click(&back).await;
+    // The story now says answered — found through the lookup form, by keyboard; the body
+    // only on request.
+    tab_to(&browser, "Look up a key").await;
+    browser.keys(ENTER).await;
+    browser.find("form.lookup").await;
+    no_unlabelled_controls(&browser).await;
+    browser.screenshot("7-look-up").await;
+    tab_to(&browser, "client").await;
+    browser.keys(&format!("shop-1{TAB}order-81{ENTER}")).await;
     browser.find(".timeline").await;
     let text = browser.text().await;
     assert!(
@@ -209,7 +215,7 @@ async fn an_operator_resolves_an_unresolved_key_in_the_browser() {
     browser.click(&show).await;
     let pre = browser.find("pre.body").await;
     assert_eq!(browser.text_of(&pre).await, PAID);
-    browser.screenshot("7-answered").await;
+    browser.screenshot("8-answered").await;
 
     // Evicting says what the next retry gets, and then it executes afresh.
     let evict = browser.find("#evict + p + form button").await;

@@ -545,7 +545,7 @@ async fn an_embedded_file_of_the_previous_release_is_upgraded() {
         .unwrap()
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 5);
+    assert_eq!(version, 6);
     // Opened again: nothing to do, nothing lost.
     let store = EmbeddedStore::open(&path, Duration::from_secs(5)).unwrap();
     assert!(store.lookup("c", "unresolved").await.unwrap().is_some());

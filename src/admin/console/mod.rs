@@ -93,7 +93,7 @@ impl Console {
 
 /// Whether `path` is the console's (the admin listener's other paths are the API's).
 pub fn owns(path: &str) -> bool {
-    path == "/" || path.starts_with("/console/")
+    path == "/" || path == "/console" || path.starts_with("/console/")
 }
 
 /// Answers one console request.
@@ -106,6 +106,7 @@ pub async fn handle<S: KeyStore + Inspect + Maintenance>(
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
     match (&method, path.as_str()) {
+        (&Method::GET, "/console" | "/console/") => return redirect("/"),
         (&Method::GET, "/console/console.css") => {
             return asset("text/css; charset=utf-8", CSS);
         }
