@@ -42,6 +42,7 @@ pub mod app;
 pub mod background;
 pub mod body;
 pub mod canonical;
+pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod dialect;

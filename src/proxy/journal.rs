@@ -6,6 +6,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
+use crate::clock::now_ms;
+
 /// Keys remembered, over all shards.
 pub const CAPACITY: usize = 16 * SHARD_CAPACITY;
 
@@ -97,12 +99,6 @@ impl Journal {
         let shard = self.shard(key).lock().unwrap_or_else(|e| e.into_inner());
         shard.entries.get(key).cloned().unwrap_or_default()
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 #[cfg(test)]

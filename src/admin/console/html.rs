@@ -120,13 +120,6 @@ pub(super) fn when(ms: i64) -> String {
     format!("<time datetime=\"{at}\">{}</time>", at.replace('T', " "))
 }
 
-/// Now, in Unix milliseconds.
-pub(super) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

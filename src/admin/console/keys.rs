@@ -4,7 +4,8 @@
 
 use std::fmt::Write;
 
-use super::html::{Viewer, esc, key_link, now_ms, query_value, span, when};
+use super::html::{Viewer, esc, key_link, query_value, span, when};
+use crate::clock::now_ms;
 use crate::proxy::Proxy;
 use crate::store::{Inspect, KeyRecord, KeyState, KeyStore, PageMark};
 use crate::stored::decode_stored;

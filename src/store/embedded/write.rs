@@ -2,7 +2,7 @@
 //! transaction and so one fsync, and a write that fails is rolled back alone while its
 //! neighbours still commit (see [`write_batch`]).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
@@ -337,11 +337,7 @@ pub(super) fn record(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRecord> {
 }
 
 /// The machine's clock in Unix milliseconds: the embedded store's leases are measured by it.
-pub(in crate::store) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
+pub(in crate::store) use crate::clock::now_ms;
 
 #[cfg(test)]
 mod tests {
