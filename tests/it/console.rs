@@ -281,8 +281,17 @@ async fn the_console_refuses_what_a_page_must_not_do() {
     let admin = TestClient::at(proxy.admin);
     let form = [("content-type", "application/x-www-form-urlencoded")];
 
+    // A browser gets the sign-in page; anything else a problem document, as every error.
+    let browser_page = admin.send("GET", "/", &[("accept", "text/html")], "").await;
+    assert_eq!(browser_page.status, 401);
+    assert_eq!(
+        browser_page.headers["content-type"],
+        "text/html; charset=utf-8"
+    );
     let page = admin.send("GET", "/", &[], "").await;
     assert_eq!(page.status, 401);
+    assert!(page.is_problem(), "{page:?}");
+    assert!(page.detail().contains("sign in"), "{page:?}");
     let csp = page.headers["content-security-policy"].to_str().unwrap();
     assert!(
         csp.contains("default-src 'none'")
@@ -329,6 +338,13 @@ async fn the_console_refuses_what_a_page_must_not_do() {
         .send("POST", "/console/action", &with_cookie, evict)
         .await;
     assert_eq!(no_csrf.status, 403, "no CSRF token");
+    assert!(
+        no_csrf.is_problem()
+            && no_csrf.json()["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("csrf-token-mismatch")
+    );
     let page = admin
         .send(
             "GET",

@@ -129,7 +129,7 @@ pub(super) fn confirm<S: KeyStore>(
             KeyState::InProgress { .. } => "A worker is executing this key now. Evicting deletes its row: its answer will not be stored (its completion is refused), and the client's next retry is <strong>executed again upstream</strong> — possibly while the first is still running.".to_owned(),
             KeyState::Unresolved { .. } => "The row is deleted. The client's next retry with this key is <strong>executed again upstream</strong>; if the first attempt did happen, that is a second operation unless the provider deduplicates.".to_owned(),
         },
-        other => return Err(format!("`{}` is not an action.", esc(other))),
+        other => return Err(format!("`{}` is not an action (store, release or evict).", other.escape_debug())),
     };
     let verb = match posted.action.as_str() {
         "store" => "Store the answer",
@@ -208,6 +208,9 @@ pub(super) async fn perform<S: KeyStore + Inspect>(
                 format!("<p role=\"status\">Nothing to evict: the key has no row.</p>{back}")
             })
         }
-        other => Err(format!("`{}` is not an action.", esc(other))),
+        other => Err(format!(
+            "`{}` is not an action (store, release or evict).",
+            other.escape_debug()
+        )),
     }
 }
