@@ -422,3 +422,74 @@ async fn the_console_refuses_what_a_page_must_not_do() {
     assert_eq!(login.status, 403);
     assert_eq!(admin.send("GET", "/admin/stuck", &[], "").await.status, 200);
 }
+
+/// Signs in to the console at `admin` with `token`; the session cookie.
+async fn sign_in(admin: std::net::SocketAddr, token: &str) -> String {
+    let form = [("content-type", "application/x-www-form-urlencoded")];
+    let ok = TestClient::at(admin)
+        .send("POST", "/console/login", &form, &format!("token={token}"))
+        .await;
+    assert_eq!(ok.status, 303, "{ok:?}");
+    let set = ok.headers["set-cookie"].to_str().unwrap();
+    set.split(';').next().unwrap().to_owned()
+}
+
+/// A stored body is shown only on request, never when it is sealed (encryption at rest) or
+/// its route says `console_body: false`; where neither holds it is shown, so the check can
+/// fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_never_shows_a_sealed_or_withheld_body() {
+    let db = Backend::postgres().await;
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let dir = TempDir::new("console-sealed");
+    let k1 = support::at_rest::key_file(&dir, "k1", 1);
+    let sealed = format!(
+        "admin_token: {PLAIN}\n{PAYMENTS}encryption:\n  keys:\n    k1: {{ file: \"{}\" }}\n  active: k1\n",
+        k1.display()
+    );
+    let withheld = format!("admin_token: {PLAIN}\n{PAYMENTS}").replace(
+        "    require_key: true\n",
+        "    require_key: true\n    console_body: false\n",
+    );
+    for (yaml, path, key, shown) in [
+        (sealed.as_str(), "/payments", "p-1", "Sealed with"),
+        (withheld.as_str(), "/payments", "p-2", "console_body: false"),
+        (withheld.as_str(), "/orders/1", "o-1", "charge_id"),
+    ] {
+        let proxy = TestProxy::spawn(yaml, &upstream, &db).await;
+        let paid = TestClient::new(&proxy)
+            .post(path, "shop-1", key, PAYMENT_BODY)
+            .await;
+        assert_eq!(paid.status, 201, "{paid:?}");
+        let cookie = sign_in(proxy.admin, PLAIN).await;
+        let page = TestClient::at(proxy.admin)
+            .send(
+                "GET",
+                &format!("/console/key?client=shop-1&key={key}&body=1"),
+                &[("cookie", &cookie), ("accept", "text/html")],
+                "",
+            )
+            .await;
+        assert_eq!(page.status, 200, "{page:?}");
+        let html = String::from_utf8_lossy(&page.body).into_owned();
+        assert!(html.contains(shown), "{key}: {html}");
+        if shown != "charge_id" {
+            assert!(
+                !html.contains("charge_id"),
+                "{key}: the body is not shown: {html}"
+            );
+        }
+        if shown == "Sealed with" {
+            assert!(
+                !html.contains("/payments/1"),
+                "nor a sealed answer's headers"
+            );
+        } else {
+            assert!(
+                html.contains("/payments/1"),
+                "a clear answer's headers are shown"
+            );
+        }
+        proxy.stop().await;
+    }
+}
