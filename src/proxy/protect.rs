@@ -110,7 +110,8 @@ where
 struct Awaiting {
     /// The key as found in the body, for the answer's echo.
     body_key: Option<String>,
-    /// Short hashes of (client, key) and of the client, when the request line is logged.
+    /// Short hashes of (client, key) — always, the journal is keyed by it — and of the
+    /// client, when the request line is logged.
     key: Option<String>,
     client: Option<String>,
     answer: AnswerFrom,
@@ -145,10 +146,9 @@ fn hand_off<S: KeyStore>(
         Err(err) => return HandOff::Done(Protected::Answered(Outcome::Rejected, Err(err), None)),
     };
     let body_key = job.client_key.clone().map(SentKey::into_string);
-    // Logs carry short hashes of the client and of (client, key), never either in clear;
-    // hashed only when the line will be written.
-    let key =
-        tracing::enabled!(tracing::Level::WARN).then(|| key_hash(&job.client_id, job.clear_key()));
+    // Logs carry short hashes of the client and of (client, key), never either in clear.
+    // The key's is always taken: the journal (the console's key story) is keyed by it.
+    let key = Some(key_hash(&job.client_id, job.clear_key()));
     let client = tracing::enabled!(tracing::Level::INFO)
         .then(|| hex(&Sha256::digest(job.client_id.as_bytes())[..4]));
     let answer = match replayed(shared, &job) {
