@@ -114,13 +114,14 @@ pub(super) fn confirm<S: KeyStore>(
         "store" => {
             let answer = parse_answer(posted)?;
             format!(
-                "The key is marked done with status <strong>{}</strong>{}. The client's next retry with this key — and every one for the route's retention, {retention} — gets this answer replayed (<code>Idempotency-Replayed: true</code>); nothing is forwarded upstream again.",
+                "The key is marked done with status <strong>{}</strong>{}. The client's next retry with this key — and every one for the route's retention, {retention} — gets this answer replayed (<code>{}: true</code>); nothing is forwarded upstream again.",
                 answer.status,
                 if posted.body.is_empty() {
                     ", with an empty body".to_owned()
                 } else {
                     format!(" and a body of {} bytes", posted.body.len())
-                }
+                },
+                super::keys::replayed_header(proxy, &r.route)
             )
         }
         "release" => "The key is freed. The client's next retry with this key is <strong>forwarded upstream and executed</strong>, with the same derived key as before. Choose this only if the provider has no record of the operation.".to_owned(),

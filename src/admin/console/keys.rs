@@ -105,6 +105,20 @@ pub(super) fn lookup_form(client: &str, key: &str) -> String {
     )
 }
 
+/// The header that marks a replay on `route` (`replayed_header`; the default for a route no
+/// longer configured).
+pub(super) fn replayed_header<S: KeyStore>(proxy: &Proxy<S>, route: &str) -> String {
+    proxy
+        .routes()
+        .routes()
+        .iter()
+        .find(|r| &*r.name == route)
+        .map_or_else(
+            || "Idempotent-Replayed".to_owned(),
+            |r| r.policy.replayed_header.as_str().to_owned(),
+        )
+}
+
 /// Whether a route's stored bodies may be shown (`console_body`); routes no longer
 /// configured are shown.
 pub(super) fn body_shown<S: KeyStore>(proxy: &Proxy<S>, route: &str) -> bool {
@@ -186,13 +200,17 @@ pub(super) async fn story<S: KeyStore + Inspect>(
         "</dl><h2>Timeline</h2><p class=\"lede\">From the row, and what this replica answered the key's requests (it remembers its last {} keys; other replicas answer theirs).</p><ol class=\"timeline\">",
         crate::proxy::JOURNAL_CAPACITY
     );
-    let mut events: Vec<(i64, String)> = vec![(
+    // (when it sorts, when it happened if the row says, what): takeovers and probes keep no
+    // time of their own.
+    let mut events: Vec<(i64, Option<i64>, String)> = vec![(
         r.created_at_ms,
+        Some(r.created_at_ms),
         "Reserved: the first request with this key was forwarded upstream".into(),
     )];
     if r.attempts > 1 {
         events.push((
             r.created_at_ms,
+            None,
             format!(
                 "Taken over {} time{} after a lease ran out: executed again under lease token {}",
                 r.attempts - 1,
@@ -204,6 +222,7 @@ pub(super) async fn story<S: KeyStore + Inspect>(
     match r.state {
         KeyState::InProgress { lease_remaining_ms } => events.push((
             now,
+            Some(now),
             format!(
                 "Executing: lease renewed while the upstream runs, now until {}",
                 when(now + lease_remaining_ms)
@@ -211,6 +230,7 @@ pub(super) async fn story<S: KeyStore + Inspect>(
         )),
         KeyState::Unresolved { lease_expired_ms } => events.push((
             now - lease_expired_ms,
+            Some(now - lease_expired_ms),
             "Lease ran out with no answer stored: unresolved".into(),
         )),
         KeyState::Done => {}
@@ -221,7 +241,8 @@ pub(super) async fn story<S: KeyStore + Inspect>(
             .map(|at| format!("; next probe not before {}", when(at)))
             .unwrap_or_default();
         events.push((
-            r.probe_after_ms.unwrap_or(now),
+            now,
+            None,
             format!(
                 "Recovery probe asked {} time{}, last answer: {}{next}",
                 r.probes,
@@ -236,10 +257,11 @@ pub(super) async fn story<S: KeyStore + Inspect>(
                 format!("Answered {status} — too large to store: retries get a problem saying so")
             }
             _ => format!(
-                "Answered {status} and stored: retries since then got it replayed (Idempotency-Replayed: true)"
+                "Answered {status} and stored: retries since then got it replayed (<code>{}: true</code>)",
+                replayed_header(proxy, &r.route)
             ),
         };
-        events.push((at, replayed));
+        events.push((at, Some(at), replayed));
     }
     // What this replica answered the key's requests (the row keeps no replays).
     for seen in proxy
@@ -264,6 +286,7 @@ pub(super) async fn story<S: KeyStore + Inspect>(
         };
         events.push((
             seen.first_ms,
+            Some(seen.first_ms),
             format!(
                 "{what} (status {}){times} <span class=\"note\">this replica</span>",
                 seen.status
@@ -272,11 +295,13 @@ pub(super) async fn story<S: KeyStore + Inspect>(
     }
     events.push((
         r.expires_at_ms,
+        Some(r.expires_at_ms),
         "Retention ends: the sweep deletes the row; a request with this key afterwards executes afresh".into(),
     ));
-    events.sort_by_key(|(at, _)| *at);
-    for (at, what) in events {
-        let _ = write!(out, "<li>{} — {what}</li>", when(at));
+    events.sort_by_key(|(at, _, _)| *at);
+    for (_, at, what) in events {
+        let at = at.map_or_else(|| "(time not kept)".to_owned(), when);
+        let _ = write!(out, "<li>{at} — {what}</li>");
     }
     out.push_str("</ol>");
     if r.state == KeyState::Done {
