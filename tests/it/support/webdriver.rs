@@ -278,8 +278,25 @@ impl Browser {
 }
 
 impl Drop for Browser {
+    /// Also after a failed assertion: ChromeDriver, and the Chromium processes it started
+    /// (found by their profile directory, which is this browser's own), then the profile.
     fn drop(&mut self) {
         let _ = self.driver.start_kill();
+        let pattern = format!("--user-data-dir={}", self.profile.display());
+        let _ = std::process::Command::new("pkill")
+            .args(["-f", "--", &pattern])
+            .status();
+        // They write to the profile until they are gone.
+        for _ in 0..40 {
+            let alive = std::process::Command::new("pgrep")
+                .args(["-f", "--", &pattern])
+                .output()
+                .is_ok_and(|o| !o.stdout.is_empty());
+            if !alive {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
         let _ = std::fs::remove_dir_all(&self.profile);
     }
 }
