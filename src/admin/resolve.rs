@@ -54,7 +54,7 @@ pub(super) async fn request<S: KeyStore + Inspect>(
         )
         .into_response();
     };
-    let (Ok(client), Ok(key)) = (super::decode(client), super::decode(key)) else {
+    let (Ok(client), Ok(key)) = (decode(client), decode(key)) else {
         return AdminError::BadPath("The client id and key must be percent-encoded UTF-8.".into())
             .into_response();
     };
@@ -265,4 +265,11 @@ pub(super) fn stored_answer<'a>(
 
 fn bad(detail: &str) -> Response<ProxyBody> {
     AdminError::BadResolution(detail.to_owned()).into_response()
+}
+
+/// A path segment, percent-decoded as UTF-8.
+pub(super) fn decode(segment: &str) -> Result<String, std::str::Utf8Error> {
+    percent_encoding::percent_decode_str(segment)
+        .decode_utf8()
+        .map(|s| s.into_owned())
 }

@@ -121,7 +121,7 @@ pub(super) fn confirm<S: KeyStore>(
                 } else {
                     format!(" and a body of {} bytes", posted.body.len())
                 },
-                super::keys::replayed_header(proxy, &r.route)
+                super::routes::replayed_header(proxy, &r.route)
             )
         }
         "release" => "The key is freed. The client's next retry with this key is <strong>forwarded upstream and executed</strong>, with the same derived key as before. Choose this only if the provider has no record of the operation.".to_owned(),
@@ -198,9 +198,10 @@ pub(super) async fn perform<S: KeyStore + Inspect>(
             ))
         }
         "evict" => {
-            let evicted = crate::admin::evict(proxy, &posted.client, stored_key, &logged, who)
-                .await
-                .map_err(refused)?;
+            let evicted =
+                crate::admin::keys::evict(proxy, &posted.client, stored_key, &logged, who)
+                    .await
+                    .map_err(refused)?;
             Ok(if evicted {
                 format!(
                     "<p class=\"done\" role=\"status\">Evicted: the next request with this key executes afresh.</p>{back}"

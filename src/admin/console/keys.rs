@@ -5,6 +5,7 @@
 use std::fmt::Write;
 
 use super::html::{Viewer, esc, key_link, query_value, span, when};
+use super::routes;
 use crate::clock::now_ms;
 use crate::proxy::Proxy;
 use crate::store::{Inspect, KeyRecord, KeyState, KeyStore, PageMark};
@@ -90,7 +91,7 @@ pub(super) async fn unresolved<S: KeyStore + Inspect>(
 
 /// Whether the reconciler settles this key by itself.
 fn reconciled<S: KeyStore>(proxy: &Proxy<S>, r: &KeyRecord) -> bool {
-    r.state.is_unresolved() && super::super::reconciled(proxy, r)
+    r.state.is_unresolved() && crate::admin::keys::reconciled(proxy, r)
 }
 
 /// The lookup form, filled with what was asked.
@@ -103,31 +104,6 @@ pub(super) fn lookup_form(client: &str, key: &str) -> String {
         esc(client),
         esc(key)
     )
-}
-
-/// The header that marks a replay on `route` (`replayed_header`; the default for a route no
-/// longer configured).
-pub(super) fn replayed_header<S: KeyStore>(proxy: &Proxy<S>, route: &str) -> String {
-    proxy
-        .routes()
-        .routes()
-        .iter()
-        .find(|r| &*r.name == route)
-        .map_or_else(
-            || "Idempotent-Replayed".to_owned(),
-            |r| r.policy.replayed_header.as_str().to_owned(),
-        )
-}
-
-/// Whether a route's stored bodies may be shown (`console_body`); routes no longer
-/// configured are shown.
-pub(super) fn body_shown<S: KeyStore>(proxy: &Proxy<S>, route: &str) -> bool {
-    proxy
-        .routes()
-        .routes()
-        .iter()
-        .find(|r| &*r.name == route)
-        .is_none_or(|r| r.policy.console_body)
 }
 
 /// One key's story: `typed` is the key as the operator gave it, `r` its row.
@@ -258,7 +234,7 @@ pub(super) async fn story<S: KeyStore + Inspect>(
             }
             _ => format!(
                 "Answered {status} and stored: retries since then got it replayed (<code>{}: true</code>)",
-                replayed_header(proxy, &r.route)
+                routes::replayed_header(proxy, &r.route)
             ),
         };
         events.push((at, Some(at), replayed));
@@ -354,7 +330,7 @@ async fn answer<S: KeyStore + Inspect>(
         );
     }
     out.push_str("</tbody></table>");
-    if !body_shown(proxy, &r.route) {
+    if !routes::body_shown(proxy, &r.route) {
         out.push_str(
             "<p>This route's stored bodies are not shown (<code>console_body: false</code>).</p>",
         );

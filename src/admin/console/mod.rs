@@ -28,6 +28,7 @@ mod answer;
 mod html;
 mod keys;
 mod overview;
+mod routes;
 mod session;
 mod signin;
 
