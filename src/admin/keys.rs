@@ -142,7 +142,6 @@ pub(super) fn reconciled<S: KeyStore>(proxy: &Proxy<S>, record: &crate::store::K
     config.reconcile.is_some()
         && proxy
             .routes()
-            .routes()
-            .iter()
-            .any(|r| *r.name == record.route && r.policy.recovery_probe.is_some())
+            .named(&record.route)
+            .is_some_and(|r| r.policy.recovery_probe.is_some())
 }

@@ -220,9 +220,7 @@ pub(super) async fn apply<S: KeyStore + Inspect>(
 pub(super) fn retention_of<S: KeyStore>(proxy: &Proxy<S>, route: &str) -> std::time::Duration {
     proxy
         .routes()
-        .routes()
-        .iter()
-        .find(|r| &*r.name == route)
+        .named(route)
         .map_or(DEFAULT_RETENTION, |r| r.policy.retention)
 }
 

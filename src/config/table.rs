@@ -99,6 +99,11 @@ impl RouteTable {
         &self.routes
     }
 
+    /// The route called `name`, if one is configured now (a key's row names its route).
+    pub fn named(&self, name: &str) -> Option<&Arc<Route>> {
+        self.routes.iter().find(|r| &*r.name == name)
+    }
+
     /// The routes' names, in order (the label values of per-route series).
     pub fn names(&self) -> Vec<Arc<str>> {
         self.routes.iter().map(|r| Arc::clone(&r.name)).collect()

@@ -7,15 +7,10 @@ use crate::store::KeyStore;
 /// The header that marks a replay on `route` (`replayed_header`; the default for a route no
 /// longer configured).
 pub(super) fn replayed_header<S: KeyStore>(proxy: &Proxy<S>, route: &str) -> String {
-    proxy
-        .routes()
-        .routes()
-        .iter()
-        .find(|r| &*r.name == route)
-        .map_or_else(
-            || "Idempotent-Replayed".to_owned(),
-            |r| r.policy.replayed_header.as_str().to_owned(),
-        )
+    proxy.routes().named(route).map_or_else(
+        || "Idempotent-Replayed".to_owned(),
+        |r| r.policy.replayed_header.as_str().to_owned(),
+    )
 }
 
 /// Whether a route's stored bodies may be shown (`console_body`); routes no longer
@@ -23,8 +18,6 @@ pub(super) fn replayed_header<S: KeyStore>(proxy: &Proxy<S>, route: &str) -> Str
 pub(super) fn body_shown<S: KeyStore>(proxy: &Proxy<S>, route: &str) -> bool {
     proxy
         .routes()
-        .routes()
-        .iter()
-        .find(|r| &*r.name == route)
+        .named(route)
         .is_none_or(|r| r.policy.console_body)
 }
