@@ -1,4 +1,4 @@
--- The PostgreSQL schema as the last migration (0012) leaves it, in one place, for reading:
+-- The PostgreSQL schema as the last migration (0013) leaves it, in one place, for reading:
 -- the key table, its indexes, and the current PL/pgSQL functions. It is never applied —
 -- `idemproxy migrate` applies the numbered migrations beside it, which are the history
 -- (a function redefined in five of them is read here once). A test builds a schema from
@@ -92,6 +92,7 @@ CREATE FUNCTION idempotency_reserve(
 ) LANGUAGE plpgsql AS $$
 DECLARE
     r idempotency_keys%ROWTYPE;
+    v_token bigint;
 BEGIN
     LOOP
         SELECT * INTO r FROM idempotency_keys k WHERE k.client_id = p_client_id AND k.key = p_key;
@@ -150,8 +151,11 @@ BEGIN
             RETURN;
         END IF;
 
+        -- The token is taken first: Citus refuses a volatile function in a distributed
+        -- UPDATE. A token taken for an UPDATE that finds the row changed is never used.
+        v_token := nextval('idempotency_lease_token_seq');
         UPDATE idempotency_keys k
-           SET lease_token  = nextval('idempotency_lease_token_seq'),
+           SET lease_token  = v_token,
                locked_until = now() + p_lease_ms * interval '1 millisecond',
                attempts     = k.attempts + 1,
                expires_at   = now() + p_retention_ms * interval '1 millisecond'

@@ -96,6 +96,11 @@ pub const MIGRATIONS: &[Migration] = &[
         "probe_answer",
         include_str!("../../../migrations/0012_probe_answer.sql"),
     ),
+    plain(
+        13,
+        "citus",
+        include_str!("../../../migrations/0013_citus.sql"),
+    ),
 ];
 
 /// The schema version this binary needs: the last migration's.
@@ -129,7 +134,71 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, StoreError> {
             rest = later;
         }
     }
+    distribute(client).await?;
     Ok(applied)
+}
+
+/// On a Citus coordinator, distributes the key table by `client_id` (every statement of
+/// a request names one `client_id`, so each runs on the worker holding that key's shard),
+/// once the migrations are applied: Citus refuses some of them on a distributed table
+/// (0011 changes `client_id`'s collation). The other tables stay on the coordinator, the
+/// one node the proxies talk to: `idemproxy_migrations`, `idemproxy_settings` and the
+/// lease-token sequence (tokens are taken there, never on a worker, so a token never
+/// repeats, also after a shard moves). An empty table is distributed in the migrations'
+/// lock; one with keys with `create_distributed_table_concurrently`, which keeps taking
+/// writes while it copies them (and cannot run in a transaction). Nothing on a plain
+/// PostgreSQL, on a Citus worker, or when the table is distributed already.
+async fn distribute(client: &mut Client) -> Result<(), StoreError> {
+    let citus = client
+        .query_typed(
+            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
+            &[],
+        )
+        .await?;
+    if !citus.first().is_some_and(|row| row.get::<_, bool>(0)) {
+        return Ok(());
+    }
+    let tx = client.transaction().await?;
+    tx.batch_execute(&format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
+        .await?;
+    let row = tx
+        .query_one(
+            "SELECT citus_is_coordinator(),                     EXISTS (SELECT 1 FROM pg_dist_partition                             WHERE logicalrelid = to_regclass('idempotency_keys')),                     EXISTS (SELECT 1 FROM idempotency_keys)",
+            &[],
+        )
+        .await?;
+    let (coordinator, distributed, keys): (bool, bool, bool) =
+        (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+    if !coordinator || distributed {
+        return Ok(());
+    }
+    if !keys {
+        tx.batch_execute("SELECT create_distributed_table('idempotency_keys', 'client_id')")
+            .await?;
+        tx.commit().await?;
+        tracing::info!("distributed the key table by client_id (Citus)");
+        return Ok(());
+    }
+    tx.commit().await?;
+    tracing::info!(
+        "distributing the key table by client_id (Citus); its keys are copied while it takes writes"
+    );
+    match client
+        .batch_execute(
+            "SELECT create_distributed_table_concurrently('idempotency_keys', 'client_id')",
+        )
+        .await
+    {
+        Ok(()) => Ok(()),
+        // Another migrator distributed it meanwhile.
+        Err(e)
+            if e.as_db_error()
+                .is_some_and(|d| d.message().contains("already distributed")) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Applies those of `migrations` not yet applied, in one transaction.
