@@ -88,9 +88,12 @@ pub struct Metrics {
     /// Group commit: batches sent and the writes in them (their ratio is the mean batch).
     pub store_batches: Counter,
     pub store_batched_writes: Counter,
+    /// Batches the store refused, whose writes then ran one at a time.
+    pub store_batch_fallbacks: Counter,
     /// The store's counts at the last scrape.
     store_batches_seen: std::sync::atomic::AtomicU64,
     store_batched_writes_seen: std::sync::atomic::AtomicU64,
+    store_batch_fallbacks_seen: std::sync::atomic::AtomicU64,
     /// The series of `requests` and `request_seconds` already used.
     request_series: RwLock<Vec<RequestSeries>>,
 }
@@ -158,6 +161,8 @@ impl Metrics {
             store_batched_writes: Counter::default(),
             store_batches_seen: Default::default(),
             store_batched_writes_seen: Default::default(),
+            store_batch_fallbacks: Counter::default(),
+            store_batch_fallbacks_seen: Default::default(),
             registry: Registry::default(),
         };
         let mut registry = Registry::with_prefix("idemproxy");
@@ -304,6 +309,11 @@ impl Metrics {
             "store_batched_writes",
             "Writes (reservations, completions, releases) sent in those batches",
             self.store_batched_writes.clone(),
+        );
+        registry.register(
+            "store_batch_fallbacks",
+            "Batches the store refused, whose writes then ran one at a time (a warning in the log says why)",
+            self.store_batch_fallbacks.clone(),
         );
     }
 

@@ -76,6 +76,11 @@ impl Metrics {
             .swap(pool.batched_writes, Ordering::Relaxed);
         self.store_batched_writes
             .inc_by(pool.batched_writes.saturating_sub(seen));
+        let seen = self
+            .store_batch_fallbacks_seen
+            .swap(pool.batch_fallbacks, Ordering::Relaxed);
+        self.store_batch_fallbacks
+            .inc_by(pool.batch_fallbacks.saturating_sub(seen));
     }
 
     /// Sets the unresolved-keys gauge from a count of the store: `routes` (the

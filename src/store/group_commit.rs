@@ -84,7 +84,8 @@ impl GroupCommit {
         self.batched_writes.load(Ordering::Relaxed)
     }
 
-    fn count(&self, writes: usize) {
+    /// Counts a batch of `writes` sent (also a write sent on its own, outside a batch).
+    pub(super) fn count(&self, writes: usize) {
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.batched_writes
             .fetch_add(u64::try_from(writes).unwrap_or(u64::MAX), Ordering::Relaxed);

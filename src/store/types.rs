@@ -145,6 +145,8 @@ pub struct PoolStatus {
     pub waiting: usize,
     pub batches: u64,
     pub batched_writes: u64,
+    /// Batches the store refused whose writes then ran one at a time.
+    pub batch_fallbacks: u64,
 }
 
 /// The replay cache's occupancy and use, for gauges.

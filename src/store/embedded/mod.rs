@@ -348,6 +348,9 @@ impl Health for EmbeddedStore {
             waiting: self.inner.group.waiting(),
             batches: self.inner.group.batches(),
             batched_writes: self.inner.group.batched_writes(),
+            // A batch here is one SQLite transaction the process itself writes: nothing
+            // refuses it that would not refuse its writes alone.
+            batch_fallbacks: 0,
         })
     }
 

@@ -7,6 +7,7 @@ use tokio_postgres::types::Type;
 
 use super::Param;
 use super::PgStore;
+use super::listen;
 use super::sql::*;
 use crate::store::types::*;
 use crate::store::writes::{Write, WriteBatch, Written, on_this_runtime, row_order};
@@ -22,6 +23,17 @@ impl WriteBatch for PgStore {
         if let [write] = writes.as_slice() {
             return vec![self.write_one(write).await];
         }
+        match self.distributed().await {
+            Ok(true) => return self.write_each(writes).await,
+            Ok(false) => {}
+            Err(e) => {
+                let shared = std::sync::Arc::new(e);
+                return writes
+                    .iter()
+                    .map(|_| Err(StoreError::Shared(std::sync::Arc::clone(&shared))))
+                    .collect();
+            }
+        }
         match self.batch_statement(&writes).await {
             Ok(results) => results,
             // The server could not take the batch: it could not take its members either.
@@ -32,10 +44,16 @@ impl WriteBatch for PgStore {
                     .map(|_| Err(StoreError::Shared(std::sync::Arc::clone(&shared))))
                     .collect()
             }
-            // One member's statement failed and rolled the batch back: nothing of it was
-            // written, so each member runs alone and only the bad one fails.
+            // One member's statement failed and rolled the batch back (or the server
+            // refused the batch's statement): nothing of it was written, so each member
+            // runs alone and only the bad one fails. Worked around, but not normal: a
+            // warning and a count, and the table's layout is looked up again (it may have
+            // been distributed meanwhile).
             Err(e) => {
-                tracing::debug!(cause = %e, writes = writes.len(), "a batch failed; its writes run one by one");
+                self.batch_fallbacks
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.layout.forget();
+                tracing::warn!(cause = %e, writes = writes.len(), "the store refused a batch; its writes run one at a time");
                 let mut results = Vec::with_capacity(writes.len());
                 for write in &writes {
                     results.push(self.write_one(write).await);
@@ -60,6 +78,55 @@ impl WriteBatch for PgStore {
 }
 
 impl PgStore {
+    /// A reservation, completion or release: through group commit on one PostgreSQL, in a
+    /// statement of its own on a distributed table (see `distributed`).
+    pub(super) async fn write(&self, write: Write) -> Result<Written, StoreError> {
+        if self.distributed().await? {
+            // Counted as a batch of one: on a distributed table each write is its own
+            // commit, which is what the batch counters measure.
+            self.group.count(1);
+            return self.write_one(&write).await;
+        }
+        self.group.write(self, write).await
+    }
+
+    /// Each write in a statement of its own (a distributed table's batch): the writes of
+    /// different keys all at once, those of one key one after another, completions and
+    /// releases before reservations — the order `idempotency_batch()` gives them.
+    async fn write_each(&self, writes: Vec<Write>) -> Vec<Result<Written, StoreError>> {
+        let n = writes.len();
+        let mut by_key: Vec<Vec<(usize, Write)>> = Vec::new();
+        for (i, write) in writes.into_iter().enumerate() {
+            let row = write.row();
+            match by_key.iter_mut().find(|g| g[0].1.row() == row) {
+                Some(group) => group.push((i, write)),
+                None => by_key.push(vec![(i, write)]),
+            }
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for mut group in by_key {
+            group.sort_by_key(|(_, w)| matches!(w, Write::Reserve(_)));
+            let store = self.clone();
+            set.spawn(async move {
+                let mut done = Vec::with_capacity(group.len());
+                for (i, write) in group {
+                    done.push((i, store.write_one(&write).await));
+                }
+                done
+            });
+        }
+        let mut results: Vec<Option<Result<Written, StoreError>>> = (0..n).map(|_| None).collect();
+        while let Some(joined) = set.join_next().await {
+            for (i, result) in joined.unwrap_or_default() {
+                results[i] = Some(result);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(StoreError::Corrupt("a write's task ended".into()))))
+            .collect()
+    }
+
     /// Runs a statement that only applies while the row carries the fence's token.
     /// `$1..$3` are the fence; `notify` adds `$4` (payload) and `$5` (whether to notify)
     /// and reads the affected count from the first column instead of the command tag.
@@ -70,39 +137,51 @@ impl PgStore {
         notify: bool,
         extra: &[Param<'_>],
     ) -> Result<Fenced, StoreError> {
-        self.with_client(|client| async move {
-            // Hashed only when someone may be waiting; otherwise the statement skips NOTIFY.
-            let payload = if fence.notify {
-                crate::key::hex(&fence.key_id())
-            } else {
-                String::new()
-            };
-            let mut params: Vec<Param<'_>> = vec![
-                (&fence.client_id, Type::TEXT),
-                (&fence.key, Type::TEXT),
-                (&fence.token, Type::INT8),
-            ];
-            if notify {
-                params.push((&payload, Type::TEXT));
-                params.push((&fence.notify, Type::BOOL));
-            }
-            params.extend_from_slice(extra);
-            let n = if notify {
-                let rows = client.typed_query(sql, &params).await?;
-                let row = rows
-                    .first()
-                    .ok_or_else(|| StoreError::Corrupt("no row from a fenced write".into()))?;
-                row.try_get::<_, i64>(0)? as u64
-            } else {
-                client.typed_execute(sql, &params).await?
-            };
-            Ok(if n == 1 {
-                Fenced::Applied
-            } else {
-                Fenced::Refused
+        let fenced_outcome = self
+            .with_client(|client| async move {
+                // Hashed only when someone may be waiting; otherwise the statement skips NOTIFY.
+                let payload = if fence.notify {
+                    crate::key::hex(&fence.key_id())
+                } else {
+                    String::new()
+                };
+                let mut params: Vec<Param<'_>> = vec![
+                    (&fence.client_id, Type::TEXT),
+                    (&fence.key, Type::TEXT),
+                    (&fence.token, Type::INT8),
+                ];
+                if notify {
+                    params.push((&payload, Type::TEXT));
+                    params.push((&fence.notify, Type::BOOL));
+                }
+                params.extend_from_slice(extra);
+                // The second column: a payload the statement returned for this process to
+                // raise (a distributed table's form), or "" / NULL.
+                let (n, raise) = if notify {
+                    let rows = client.typed_query(sql, &params).await?;
+                    let row = rows
+                        .first()
+                        .ok_or_else(|| StoreError::Corrupt("no row from a fenced write".into()))?;
+                    let raise: Option<String> = row.try_get(1)?;
+                    (
+                        row.try_get::<_, i64>(0)? as u64,
+                        raise.filter(|p| !p.is_empty()),
+                    )
+                } else {
+                    (client.typed_execute(sql, &params).await?, None)
+                };
+                Ok((n, raise))
             })
+            .await?;
+        let (n, raise) = fenced_outcome;
+        if let Some(payload) = raise {
+            self.notify_from_here(listen::CHANNEL, &payload).await;
+        }
+        Ok(if n == 1 {
+            Fenced::Applied
+        } else {
+            Fenced::Refused
         })
-        .await
     }
 
     /// One write in a statement of its own.
@@ -139,8 +218,14 @@ impl PgStore {
                 let (status, headers, body, replayable) = completion_columns(completion);
                 let sealed_with = sealed_with(completion);
                 let retention = millis(fence.retention);
+                let distributed = self.distributed().await?;
+                let sql = if distributed {
+                    COMPLETE_DISTRIBUTED.as_str()
+                } else {
+                    COMPLETE
+                };
                 self.fenced(
-                    COMPLETE,
+                    sql,
                     fence,
                     true,
                     &[
@@ -155,10 +240,16 @@ impl PgStore {
                 .await
                 .map(Written::Fenced)
             }
-            Write::Release(fence) => self
-                .fenced(RELEASE, fence, true, &[])
-                .await
-                .map(Written::Fenced),
+            Write::Release(fence) => {
+                let sql = if self.distributed().await? {
+                    RELEASE_DISTRIBUTED.as_str()
+                } else {
+                    RELEASE
+                };
+                self.fenced(sql, fence, true, &[])
+                    .await
+                    .map(Written::Fenced)
+            }
         }
     }
 

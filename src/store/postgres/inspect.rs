@@ -25,7 +25,12 @@ impl Inspect for PgStore {
 
     async fn evict(&self, client_id: &str, key: &str) -> Result<bool, StoreError> {
         let id = key_id(client_id, key);
-        let existed = self
+        let sql = if self.distributed().await? {
+            EVICT_DISTRIBUTED.as_str()
+        } else {
+            EVICT
+        };
+        let (existed, raise) = self
             .with_client(|client| async move {
                 let payload = crate::key::hex(&id);
                 let params: [Param<'_>; 3] = [
@@ -33,13 +38,23 @@ impl Inspect for PgStore {
                     (&key, Type::TEXT),
                     (&payload, Type::TEXT),
                 ];
-                let rows = client.typed_query(EVICT, &params).await?;
+                let rows = client.typed_query(sql, &params).await?;
                 let row = rows
                     .first()
                     .ok_or_else(|| StoreError::Corrupt("no row from an eviction".into()))?;
-                Ok(row.try_get::<_, i64>(0)? > 0)
+                let raise: Option<String> = row.try_get(1)?;
+                Ok((
+                    row.try_get::<_, i64>(0)? > 0,
+                    raise.filter(|p| !p.is_empty()),
+                ))
             })
             .await?;
+        // On a distributed table the statement returned the notice for this process to
+        // send (see `distributed`).
+        if let Some(payload) = raise {
+            self.notify_from_here(super::listen::EVICTED, &payload)
+                .await;
+        }
         // Every replica (this one included) also hears the notice; this one need not wait.
         if let Some(cache) = &self.cache {
             cache.invalidate(&id);

@@ -11,6 +11,7 @@ mod batch;
 mod call;
 mod conn;
 mod connect;
+mod distributed;
 mod form_agreement;
 mod inspect;
 mod io_thread;
@@ -28,7 +29,7 @@ mod unresolved;
 
 pub use migrate::{MIGRATIONS, migrate};
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -84,6 +85,10 @@ pub struct PgStore {
     /// Whether the `LISTEN` connection has its own URL (so reaches PostgreSQL even when
     /// `url` goes through a pooler, which would swallow eviction notices).
     listen_direct: bool,
+    /// Whether the key table is distributed (Citus), as last looked up.
+    layout: Arc<distributed::KnownLayout>,
+    /// Batches the server refused whose writes then ran one at a time.
+    batch_fallbacks: Arc<AtomicU64>,
 }
 
 impl PgStore {
@@ -129,6 +134,8 @@ impl PgStore {
                 ))
             }),
             listen_direct: config.listen_url.is_some(),
+            layout: Arc::default(),
+            batch_fallbacks: Arc::default(),
         })
     }
 
@@ -202,8 +209,7 @@ pub(super) const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(30 * 60
 impl KeyStore for PgStore {
     async fn reserve(&self, req: &ReserveRequest<'_>) -> Result<Reservation, StoreError> {
         reserve_through(self.replay_cache(), req, || async {
-            self.group
-                .write(self, Write::Reserve(req.into()))
+            self.write(Write::Reserve(req.into()))
                 .await?
                 .into_reservation_and_expiry()
         })
@@ -220,15 +226,13 @@ impl KeyStore for PgStore {
     }
 
     async fn complete(&self, fence: &Fence, completion: &Completion) -> Result<Fenced, StoreError> {
-        self.group
-            .write(self, Write::Complete(fence.clone(), completion.clone()))
+        self.write(Write::Complete(fence.clone(), completion.clone()))
             .await?
             .into_fenced()
     }
 
     async fn release(&self, fence: &Fence) -> Result<Fenced, StoreError> {
-        self.group
-            .write(self, Write::Release(fence.clone()))
+        self.write(Write::Release(fence.clone()))
             .await?
             .into_fenced()
     }
@@ -242,6 +246,9 @@ impl KeyStore for PgStore {
 
 impl Maintenance for PgStore {
     async fn sweep(&self, batch: i64) -> Result<u64, StoreError> {
+        if self.distributed().await? {
+            return self.sweep_distributed(batch).await;
+        }
         self.with_client(|client| async move {
             Ok(client.typed_execute(SWEEP, &[(&batch, Type::INT8)]).await?)
         })
@@ -294,6 +301,7 @@ impl Health for PgStore {
             waiting: waiting + self.waiting.load(Ordering::Relaxed) + self.group.waiting(),
             batches: self.group.batches(),
             batched_writes: self.group.batched_writes(),
+            batch_fallbacks: self.batch_fallbacks.load(Ordering::Relaxed),
         })
     }
 

@@ -1,6 +1,8 @@
 //! The PostgreSQL store's statements, and how a row becomes a [`KeyRecord`]. Each is one
 //! round trip; the reservation is the `idempotency_reserve()` function of `migrations/`.
 
+use std::sync::LazyLock;
+
 use crate::store::types::*;
 
 pub(super) const RESERVE: &str = "SELECT o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
@@ -31,6 +33,16 @@ pub(super) const RELEASE: &str = "WITH gone AS ( \
        RETURNING 1) \
      SELECT (SELECT count(*) FROM gone), \
             (SELECT pg_notify('idemproxy_done', $4) FROM gone WHERE $5 LIMIT 1)::text";
+
+/// [`COMPLETE`], [`RELEASE`] and [`EVICT`] on a distributed table (`distributed`): the same
+/// parameters and answer, with the notification's payload returned instead of raised on
+/// the worker, for the store to raise on the coordinator.
+pub(super) static COMPLETE_DISTRIBUTED: LazyLock<String> =
+    LazyLock::new(|| COMPLETE.replace("pg_notify('idemproxy_done', $4)", "$4"));
+pub(super) static RELEASE_DISTRIBUTED: LazyLock<String> =
+    LazyLock::new(|| RELEASE.replace("pg_notify('idemproxy_done', $4)", "$4"));
+pub(super) static EVICT_DISTRIBUTED: LazyLock<String> =
+    LazyLock::new(|| EVICT.replace("pg_notify('idemproxy_evicted', $3)", "$3"));
 
 /// How many columns [`RECORD_COLUMNS`] has: what a statement returns after them starts here.
 pub(super) const RECORD_LEN: usize = 19;
@@ -160,5 +172,16 @@ mod tests {
     fn the_body_length_leaves_out_what_sealing_adds() {
         let overhead = format!("ELSE {} END", crate::vault::OVERHEAD);
         assert!(super::RECORD_COLUMNS.contains(&overhead));
+    }
+
+    #[test]
+    fn distributed_writes_return_the_notification_instead_of_raising_it() {
+        for sql in [
+            &*super::COMPLETE_DISTRIBUTED,
+            &*super::RELEASE_DISTRIBUTED,
+            &*super::EVICT_DISTRIBUTED,
+        ] {
+            assert!(!sql.contains("pg_notify"), "{sql}");
+        }
     }
 }

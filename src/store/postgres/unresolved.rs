@@ -20,6 +20,9 @@ impl PgStore {
         batch: i64,
     ) -> Result<Vec<KeyRecord>, StoreError> {
         let ms = millis(unresolved_for);
+        if self.distributed().await? {
+            return self.sweep_unresolved_distributed(ms, batch).await;
+        }
         self.with_client(|client| async move {
             let rows = client
                 .index_walk_query(
@@ -42,6 +45,9 @@ impl PgStore {
         lease: Duration,
         limit: i64,
     ) -> Result<Vec<Claim>, StoreError> {
+        if self.distributed().await? {
+            return self.claim_distributed(routes, lease, limit).await;
+        }
         let routes: Vec<&str> = routes.to_vec();
         let lease = millis(lease);
         self.with_client(|client| async move {
