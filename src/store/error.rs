@@ -74,6 +74,11 @@ impl StoreError {
         };
         match pg.code() {
             None => pg.is_closed(),
+            // A connection exception the server reports as an ordinary error, on a
+            // connection that stays open, is about one of its own connections: a Citus
+            // coordinator that cannot reach the worker holding a key. This connection
+            // (and the pool) is fine; only the calls needing that worker fail.
+            Some(code) if code.code().starts_with("08") => pg.is_closed() || is_fatal(pg),
             Some(code) => server_cannot_serve(code.code()),
         }
     }
@@ -108,6 +113,16 @@ impl StoreError {
             | StoreError::SchemaBehind { .. } => false,
         }
     }
+}
+
+/// Whether the server ended the session with this error (`FATAL`, `PANIC`).
+fn is_fatal(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        matches!(
+            db.parsed_severity(),
+            Some(tokio_postgres::error::Severity::Fatal | tokio_postgres::error::Severity::Panic)
+        )
+    })
 }
 
 /// Whether a PostgreSQL error means the server could not take the call (rather than that
