@@ -113,7 +113,7 @@ async fn slow_upstream_keeps_its_lease(db: Backend) {
     proxy.stop().await;
 }
 
-on_both_stores!(
+on_every_store!(
     seed_pair_executes_once,
     fifty_duplicates_of_twenty_keys,
     slow_upstream_keeps_its_lease

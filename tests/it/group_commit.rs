@@ -328,6 +328,15 @@ on_both_stores!(
     a_failing_member_fails_alone,
     concurrent_writes_through_the_queue,
 );
+// On a distributed table each write of a batch is a statement of its own, alone by
+// construction; and a distributed table takes no trigger, which is how
+// `a_failing_member_fails_alone` makes one write fail.
+on_citus!(
+    a_batch_wakes_the_waiters_of_its_keys,
+    duplicates_of_one_key_in_one_batch,
+    takeover_and_completion_in_one_batch,
+    concurrent_writes_through_the_queue,
+);
 
 /// A lone write runs in its caller's task; when that caller goes away mid-write (its client
 /// disconnected), the writes that queued behind it are still sent and answered.

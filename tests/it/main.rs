@@ -10,6 +10,7 @@
 
 mod support;
 
+mod citus;
 mod concurrency;
 mod console;
 mod crash;

@@ -703,7 +703,7 @@ async fn admin_paths_for_hashed_credentials(db: Backend) {
     proxy.stop().await;
 }
 
-on_both_stores!(
+on_every_store!(
     metrics_exist_from_the_start,
     admin_paths_for_hashed_credentials,
     json_log_lines,

@@ -284,7 +284,7 @@ async fn retries_racing_the_reconciler_never_execute_twice(db: Backend) {
     proxy.stop().await;
 }
 
-on_both_stores!(
+on_every_store!(
     probes_use_the_derived_key_the_attempt_sent,
     found_operations_are_stored_without_a_retry,
     missing_operations_are_released,

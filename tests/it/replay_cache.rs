@@ -105,7 +105,7 @@ async fn a_cached_key_keeps_its_422_and_its_client(db: Backend) {
     proxy.stop().await;
 }
 
-on_both_stores!(
+on_every_store!(
     never_past_the_retention,
     a_cached_key_keeps_its_422_and_its_client
 );

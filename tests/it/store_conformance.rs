@@ -57,6 +57,14 @@ impl Store {
         });
         let mut answers = self.inner.write_batch(vec![nothing, write]).await;
         assert_eq!(answers.len(), 2);
+        // The batch was taken as a batch, not worked around one write at a time (which
+        // would pass every assertion here, only slowly: what group commit on a
+        // distributed table once did).
+        assert_eq!(
+            self.inner.pool_status().map(|p| p.batch_fallbacks),
+            Some(0),
+            "the store refused a batch"
+        );
         assert_eq!(
             answers[0].as_ref().unwrap(),
             &Written::Fenced(Fenced::Refused)
@@ -171,6 +179,8 @@ macro_rules! conformance {
         conformance!(@mode embedded, Backend::embedded(), false, $($name),*);
         conformance!(@mode postgres_batched, Backend::postgres().await, true, $($name),*);
         conformance!(@mode embedded_batched, Backend::embedded(), true, $($name),*);
+        conformance!(@mode citus, Backend::citus().await, false, $($name),*);
+        conformance!(@mode citus_batched, Backend::citus().await, true, $($name),*);
     };
     (@mode $mode:ident, $backend:expr, $batched:expr, $($name:ident),*) => {
         mod $mode {
@@ -930,9 +940,10 @@ async fn queued_calls_are_counted_and_bounded_by_the_timeout() {
     .await;
     assert!(queued.is_some(), "{:?}", store.pool_status());
     while let Some(done) = calls.join_next().await {
+        let done = done.unwrap();
         assert!(
-            matches!(done.unwrap(), Err(idemproxy::store::StoreError::Timeout(_))),
-            "every call gives up at the store timeout"
+            matches!(done, Err(idemproxy::store::StoreError::Timeout(_))),
+            "every call gives up at the store timeout: {done:?}"
         );
     }
     // A batch taken just before its callers gave up still runs to its own timeout.

@@ -71,7 +71,17 @@ async fn waiting_is_bounded(db: Backend) {
 /// through PostgreSQL's LISTEN/NOTIFY, with no polling involved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completion_notifies_other_replicas() {
-    let db = Backend::postgres().await;
+    completion_wakes_a_waiter_on_another_replica(Backend::postgres().await).await;
+}
+
+/// The same on Citus: the completion runs on the worker holding the key, where nobody
+/// listens, so the notification must come from the coordinator the replicas listen on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_notifies_other_replicas_on_citus() {
+    completion_wakes_a_waiter_on_another_replica(Backend::citus().await).await;
+}
+
+async fn completion_wakes_a_waiter_on_another_replica(db: Backend) {
     let (a, b) = (db.store(), db.store());
     let fp = [7u8; 32];
     let notify = a.subscribe(key_id("c", "k"));

@@ -30,11 +30,17 @@ pub const TEST_POOL_SIZE: usize = 4;
 pub struct TestDb {
     pub url: String,
     pub schema: String,
+    /// The server and database the schema is in (the shared server's test database, or a
+    /// Citus coordinator's `postgres`).
+    home: String,
+    /// A Citus cluster of this test's own, when no shared one was given.
+    _cluster: Option<std::sync::Arc<super::citus::Citus>>,
 }
 
 impl Drop for TestDb {
     fn drop(&mut self) {
         let schema = self.schema.clone();
+        let home = self.home.clone();
         // Drop runs inside the test's runtime, which cannot block on itself: a thread with
         // a runtime of its own does the work, and a lock timeout bounds it.
         let done = std::thread::spawn(move || {
@@ -44,23 +50,31 @@ impl Drop for TestDb {
             else {
                 return;
             };
-            rt.block_on(drop_schemas(&[schema]));
+            rt.block_on(drop_schemas(&home, &[schema]));
         });
         let _ = done.join();
     }
 }
 
-/// Connects to the test database.
-async fn test_db_client() -> Option<tokio_postgres::Client> {
-    let mut cfg: tokio_postgres::Config = admin_url().parse().ok()?;
-    cfg.dbname(test_db());
-    let (client, conn) = cfg.connect(tokio_postgres::NoTls).await.ok()?;
+/// The shared server's test database.
+fn test_db_url() -> String {
+    let admin = admin_url();
+    let base = admin.split('?').next().unwrap_or(&admin);
+    let (prefix, _) = base.rsplit_once('/').expect("database URL has a path");
+    format!("{prefix}/{}", test_db())
+}
+
+/// Connects to `home`, a database URL.
+async fn connect_to(home: &str) -> Option<tokio_postgres::Client> {
+    let (client, conn) = tokio_postgres::connect(home, tokio_postgres::NoTls)
+        .await
+        .ok()?;
     tokio::spawn(conn);
     Some(client)
 }
 
-async fn drop_schemas(schemas: &[String]) {
-    let Some(client) = test_db_client().await else {
+async fn drop_schemas(home: &str, schemas: &[String]) {
+    let Some(client) = connect_to(home).await else {
         return;
     };
     let _ = client.batch_execute("SET lock_timeout = '5s'").await;
@@ -73,8 +87,8 @@ async fn drop_schemas(schemas: &[String]) {
 
 /// Drops schemas that test processes no longer running left behind (killed before their
 /// `Drop` ran). A schema is named after its process, so a live run's are never touched.
-async fn drop_abandoned_schemas() {
-    let Some(client) = test_db_client().await else {
+async fn drop_abandoned_schemas(home: &str) {
+    let Some(client) = connect_to(home).await else {
         return;
     };
     let Ok(rows) = client
@@ -96,16 +110,51 @@ async fn drop_abandoned_schemas() {
                 .is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
         })
         .collect();
-    drop_schemas(&abandoned).await;
+    drop_schemas(home, &abandoned).await;
 }
 
 impl TestDb {
     pub async fn new() -> Self {
-        let db = Self::empty().await;
-        let store = db.store();
+        Self::empty().await.migrated().await
+    }
+
+    /// A fresh schema on a Citus coordinator, migrated: `idemproxy migrate` distributes the
+    /// key table there. On the cluster `IDEMPROXY_CITUS_URL` names (tests/run starts one
+    /// for the run), else on a cluster of this test's own.
+    pub async fn citus() -> Self {
+        match std::env::var("IDEMPROXY_CITUS_URL") {
+            Ok(url) => Self::on_coordinator(url, None).await,
+            Err(_) => Self::on_citus(std::sync::Arc::new(super::citus::Citus::start())).await,
+        }
+    }
+
+    /// A fresh schema on `cluster`, migrated (a test that stops its nodes has its own).
+    pub async fn on_citus(cluster: std::sync::Arc<super::citus::Citus>) -> Self {
+        Self::on_coordinator(cluster.url(), Some(cluster)).await
+    }
+
+    async fn on_coordinator(
+        home: String,
+        cluster: Option<std::sync::Arc<super::citus::Citus>>,
+    ) -> Self {
+        let schema = Self::new_schema(&home).await;
+        let url = with_search_path_in(&home, &schema);
+        TestDb {
+            url,
+            schema,
+            home,
+            _cluster: cluster,
+        }
+        .migrated()
+        .await
+    }
+
+    async fn migrated(self) -> Self {
+        let store = self.store();
         let mut obj = store.pool().get().await.unwrap();
         migrate(&mut obj).await.unwrap();
-        db
+        drop(obj);
+        self
     }
 
     /// A fresh schema without the migrations applied.
@@ -129,9 +178,23 @@ impl TestDb {
         static SWEPT: std::sync::Once = std::sync::Once::new();
         let mut first = false;
         SWEPT.call_once(|| first = true);
+        let home = test_db_url();
         if first {
-            drop_abandoned_schemas().await;
+            drop_abandoned_schemas(&home).await;
         }
+        let schema = Self::new_schema(&home).await;
+        let url = with_search_path(&admin, &schema);
+        TestDb {
+            url,
+            schema,
+            home,
+            _cluster: None,
+        }
+    }
+
+    /// A schema of its own in `home`, named after this process (see
+    /// `drop_abandoned_schemas`).
+    async fn new_schema(home: &str) -> String {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -143,15 +206,14 @@ impl TestDb {
             nanos,
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
-        let client = test_db_client()
+        let client = connect_to(home)
             .await
             .expect("connecting to the test database");
         client
             .batch_execute(&format!("CREATE SCHEMA {schema}"))
             .await
             .unwrap();
-        let url = with_search_path(&admin, &schema);
-        TestDb { url, schema }
+        schema
     }
 
     /// The store settings for this schema, as the configuration makes them.
@@ -207,6 +269,11 @@ impl Backend {
     /// A fresh PostgreSQL schema.
     pub async fn postgres() -> Self {
         Backend::Postgres(TestDb::new().await)
+    }
+
+    /// A fresh schema on a Citus cluster, the key table distributed.
+    pub async fn citus() -> Self {
+        Backend::Postgres(TestDb::citus().await)
     }
 
     /// A fresh embedded store file in a directory of its own.
@@ -318,6 +385,37 @@ macro_rules! on_both_stores {
 #[allow(unused_imports)]
 pub(crate) use on_both_stores;
 
+/// Like `on_both_stores!`, and a third time on Citus (the key table distributed): for the
+/// scenarios whose statements take another shape there (writes, notifications, the sweep,
+/// the reconciler, eviction).
+#[allow(unused_macros)]
+macro_rules! on_every_store {
+    ($($name:ident),* $(,)?) => {
+        on_both_stores!($($name),*);
+        on_citus!($($name),*);
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_every_store;
+
+/// Runs each named `async fn(Backend)` on Citus only (beside an `on_both_stores!` that
+/// names more).
+#[allow(unused_macros)]
+macro_rules! on_citus {
+    ($($name:ident),* $(,)?) => {
+        mod citus {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::citus().await).await
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_citus;
+
 /// `url` on the test database with `search_path` set to `schema`.
 pub fn with_search_path(admin: &str, schema: &str) -> String {
     let mut base = admin.to_owned();
@@ -325,7 +423,13 @@ pub fn with_search_path(admin: &str, schema: &str) -> String {
         base.truncate(q);
     }
     let (prefix, _) = base.rsplit_once('/').expect("database URL has a path");
-    format!("{prefix}/{}?options=-csearch_path%3D{schema}", test_db())
+    with_search_path_in(&format!("{prefix}/{}", test_db()), schema)
+}
+
+/// `url` (its own database) with `search_path` set to `schema`.
+pub fn with_search_path_in(url: &str, schema: &str) -> String {
+    let base = url.split('?').next().unwrap_or(url);
+    format!("{base}?options=-csearch_path%3D{schema}")
 }
 
 /// A PostgreSQL `store:` section for `url` (e.g. through a relay).

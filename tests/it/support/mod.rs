@@ -7,6 +7,7 @@
 //! here what many tests share (the usual configuration, polling with a budget).
 
 pub mod at_rest;
+pub mod citus;
 pub mod clients;
 pub mod cluster;
 pub mod db;

@@ -1,0 +1,233 @@
+//! The key table on Citus under faults, through the proxy binary: a worker stopped under
+//! load, the coordinator restarted, shards moved onto a new worker under load. Each test
+//! runs a cluster of its own (`tests/citus`), a provider that counts what it executes, and
+//! clients that retry; "exactly once" is the assertion.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::support::citus::Citus;
+use crate::support::*;
+
+const BODY: &str = PAYMENT_BODY;
+
+/// A cluster, a schema on it with the key table distributed, a counting provider and a
+/// proxy process on the coordinator.
+async fn setup() -> (Arc<Citus>, Backend, Upstream, ProxyProcess) {
+    let cluster = Arc::new(Citus::start());
+    let db = Backend::Postgres(TestDb::on_citus(Arc::clone(&cluster)).await);
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let proxy = ProxyProcess::spawn(PAYMENTS, &upstream, &db).await;
+    (cluster, db, upstream, proxy)
+}
+
+/// Two client ids whose keys live on different workers: (on `worker1`, on `worker2`).
+async fn clients_apart(db: &Backend, cluster: &Citus) -> (String, String) {
+    let client = db.client().await;
+    let mut found: [Option<String>; 2] = [None, None];
+    for i in 0.. {
+        let id = format!("shop-{i}");
+        let row = client
+            .query_one(
+                "SELECT nodeport FROM citus_shards \
+                 WHERE shardid = get_shard_id_for_distribution_column('idempotency_keys', $1::text)",
+                &[&id],
+            )
+            .await
+            .unwrap();
+        let port: i32 = row.get(0);
+        for (slot, node) in found.iter_mut().zip(["worker1", "worker2"]) {
+            if slot.is_none() && i64::from(port) == i64::from(cluster.port(node)) {
+                *slot = Some(id.clone());
+            }
+        }
+        if let [Some(a), Some(b)] = &found {
+            return (a.clone(), b.clone());
+        }
+    }
+    unreachable!()
+}
+
+/// A worker stopped under load: keys whose shard is on the other worker keep being served
+/// (new ones executed once, old ones replayed), keys on the stopped one fail closed with a
+/// 503 and nothing forwarded, on a pool the proxy keeps (the coordinator's connection
+/// errors are about its own connections, not the proxy's); once the worker is back, their
+/// retries execute once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_worker_fails_only_its_keys_closed() {
+    let (cluster, db, upstream, proxy) = setup().await;
+    let (down, up) = clients_apart(&db, &cluster).await;
+    let client = client_for(proxy.addr);
+    for owner in [&down, &up] {
+        for i in 0..5 {
+            let reply = client
+                .post("/payments", owner, &format!("before-{i}"), BODY)
+                .await;
+            assert_eq!(reply.status, 201, "{reply:?}");
+        }
+    }
+    assert_eq!(upstream.executions(), 10);
+
+    cluster.node("stop-node", "worker1");
+    let mut refused = 0;
+    for round in 0..10 {
+        let reply = client
+            .post("/payments", &down, &format!("during-{round}"), BODY)
+            .await;
+        assert_eq!(reply.status, 503, "{reply:?}");
+        assert!(reply.is_problem(), "{reply:?}");
+        refused += 1;
+        let served = client
+            .post("/payments", &up, &format!("during-{round}"), BODY)
+            .await;
+        assert_eq!(served.status, 201, "{served:?}");
+        let replayed = client
+            .post("/payments", &up, &format!("before-{}", round % 5), BODY)
+            .await;
+        assert_eq!(replayed.status, 201, "{replayed:?}");
+        assert!(replayed.replayed(), "{replayed:?}");
+    }
+    assert_eq!(refused, 10);
+    assert_eq!(
+        upstream.executions(),
+        20,
+        "the live worker's 10 new keys executed; nothing forwarded for the stopped one's"
+    );
+    assert!(
+        !proxy.log_text().contains("idle connections dropped"),
+        "the proxy threw its coordinator connections away over a worker's outage:\n{}",
+        proxy.log_text()
+    );
+
+    cluster.node("start-node", "worker1");
+    for round in 0..10 {
+        let key = format!("during-{round}");
+        let reply = eventually(Duration::from_secs(30), || async {
+            let reply = client.post("/payments", &down, &key, BODY).await;
+            (reply.status == 201).then_some(reply)
+        })
+        .await
+        .expect("the stopped worker's keys are served again once it is back");
+        assert!(!reply.replayed(), "{reply:?}");
+    }
+    for round in 0..10 {
+        let again = client
+            .post("/payments", &down, &format!("during-{round}"), BODY)
+            .await;
+        assert!(again.replayed(), "{again:?}");
+    }
+    assert_eq!(upstream.executions(), 30, "each key executed once");
+}
+
+/// The coordinator restarted: requests meanwhile fail closed (503, nothing forwarded),
+/// service comes back by itself, and what was answered before still replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_restart_loses_nothing() {
+    let (cluster, _db, upstream, proxy) = setup().await;
+    let client = client_for(proxy.addr);
+    for i in 0..10 {
+        let reply = client
+            .post("/payments", "shop-1", &format!("k{i}"), BODY)
+            .await;
+        assert_eq!(reply.status, 201, "{reply:?}");
+    }
+    cluster.node("stop-node", "coordinator");
+    let reply = client.post("/payments", "shop-1", "meanwhile", BODY).await;
+    assert_eq!(reply.status, 503, "{reply:?}");
+    cluster.node("start-node", "coordinator");
+    let reply = eventually(Duration::from_secs(30), || async {
+        let reply = client.post("/payments", "shop-1", "meanwhile", BODY).await;
+        (reply.status == 201).then_some(reply)
+    })
+    .await
+    .expect("served again after the coordinator's restart");
+    assert!(!reply.replayed());
+    for i in 0..10 {
+        let again = client
+            .post("/payments", "shop-1", &format!("k{i}"), BODY)
+            .await;
+        assert!(again.replayed(), "{again:?}");
+    }
+    assert_eq!(upstream.executions(), 11);
+}
+
+/// A third worker added and the shards rebalanced onto it while clients keep sending new
+/// keys and retrying old ones: no key lost, none executed twice, every earlier answer
+/// still replays — also from the shards that moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_rebalanced_under_load_lose_nothing() {
+    let (cluster, db, upstream, proxy) = setup().await;
+    let client = client_for(proxy.addr);
+    let owners: Vec<String> = (0..16).map(|i| format!("shop-{i}")).collect();
+    for owner in &owners {
+        let reply = client.post("/payments", owner, "before", BODY).await;
+        assert_eq!(reply.status, 201, "{reply:?}");
+    }
+    cluster.node("add-worker", "worker3");
+    // Retrying clients, a new key per owner per round, until the rebalance is over.
+    let moving = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let load = {
+        let (client, owners, moving) = (client.clone(), owners.clone(), Arc::clone(&moving));
+        tokio::spawn(async move {
+            let mut rounds = 0;
+            while moving.load(std::sync::atomic::Ordering::Relaxed) || rounds < 5 {
+                for owner in &owners {
+                    let key = format!("during-{rounds}");
+                    // A 409 or 503 while a shard moves is retried, as a client would.
+                    let reply = eventually(Duration::from_secs(60), || async {
+                        let reply = client.post("/payments", owner, &key, BODY).await;
+                        (reply.status == 201).then_some(reply)
+                    })
+                    .await
+                    .unwrap_or_else(|| panic!("{owner}/{key} was never served"));
+                    assert_eq!(reply.status, 201);
+                }
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    // Each in a transaction of its own: the rebalance's job runs once its start commits.
+    let coordinator = db.client().await;
+    coordinator
+        .batch_execute("SELECT citus_rebalance_start(shard_transfer_mode => 'block_writes')")
+        .await
+        .unwrap();
+    coordinator
+        .batch_execute("SELECT citus_rebalance_wait()")
+        .await
+        .unwrap();
+    moving.store(false, std::sync::atomic::Ordering::Relaxed);
+    let moved: i64 = coordinator
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM citus_shards WHERE table_name = 'idempotency_keys'::regclass \
+                 AND nodeport = {}",
+                cluster.port("worker3")
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        moved > 0,
+        "the rebalance moved no shard onto the new worker"
+    );
+    let rounds = load.await.unwrap();
+    for owner in &owners {
+        let again = client.post("/payments", owner, "before", BODY).await;
+        assert!(again.replayed(), "{again:?}");
+        for round in 0..rounds {
+            let again = client
+                .post("/payments", owner, &format!("during-{round}"), BODY)
+                .await;
+            assert!(again.replayed(), "{owner} during-{round}: {again:?}");
+        }
+    }
+    assert_eq!(
+        upstream.executions(),
+        owners.len() * (1 + rounds),
+        "every key executed exactly once"
+    );
+}
