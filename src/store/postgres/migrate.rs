@@ -113,7 +113,33 @@ const MIGRATION_LOCK: i64 = 0x6964_656d;
 const BUILD_POLL: Duration = Duration::from_millis(200);
 
 /// Applies every migration not yet applied; returns the versions it applied.
+///
+/// Unbounded on the server: the pool's connections carry `statement_timeout` equal to the
+/// store timeout (seconds), and an index build or the copy of a table's keys to Citus
+/// workers takes as long as the table is large. The session's bound is lifted for the
+/// migrations and restored after (`RESET` goes back to the connection's start-up value);
+/// a connection without one (a transaction pooler's, where a session `SET` would stay on
+/// a server connection another client gets next) is left alone.
 pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, StoreError> {
+    let bounded = client
+        .simple_query("SHOW statement_timeout")
+        .await?
+        .iter()
+        .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) != Some("0")));
+    if bounded {
+        client.batch_execute("SET statement_timeout = 0").await?;
+    }
+    let result = migrate_all(client).await;
+    if bounded {
+        let reset = client.batch_execute("RESET statement_timeout").await;
+        if result.is_ok() {
+            reset?;
+        }
+    }
+    result
+}
+
+async fn migrate_all(client: &mut Client) -> Result<Vec<i32>, StoreError> {
     let mut applied = Vec::new();
     // In order: ordinary migrations up to the next index build in one transaction, then
     // the build, and so on.
@@ -149,13 +175,7 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, StoreError> {
 /// writes while it copies them (and cannot run in a transaction). Nothing on a plain
 /// PostgreSQL, on a Citus worker, or when the table is distributed already.
 async fn distribute(client: &mut Client) -> Result<(), StoreError> {
-    let citus = client
-        .query_typed(
-            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
-            &[],
-        )
-        .await?;
-    if !citus.first().is_some_and(|row| row.get::<_, bool>(0)) {
+    if !has_citus(client).await? {
         return Ok(());
     }
     let tx = client.transaction().await?;
@@ -211,6 +231,14 @@ async fn apply_in_transaction(
     let tx = client.transaction().await?;
     tx.batch_execute(&format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
         .await?;
+    if has_citus(&tx).await? {
+        // On a distributed table an ALTER runs on every shard at once, over several
+        // connections per worker, after which Citus refuses, in the same transaction, a
+        // statement it must run over one (a function it propagates). One connection per
+        // worker throughout lets every migration share the transaction.
+        tx.batch_execute("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
+            .await?;
+    }
     create_version_table(&tx).await?;
     let done = applied_versions(&tx).await?;
     let mut applied = Vec::new();
@@ -311,6 +339,17 @@ async fn index_state(client: &Client, name: &str) -> Result<IndexState, StoreErr
         Some(row) if row.try_get::<_, bool>(1)? => IndexState::Building,
         Some(_) => IndexState::Invalid,
     })
+}
+
+/// Whether the database has the Citus extension.
+async fn has_citus(client: &impl tokio_postgres::GenericClient) -> Result<bool, StoreError> {
+    let rows = client
+        .query_typed(
+            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
+            &[],
+        )
+        .await?;
+    Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
 }
 
 async fn create_version_table(
