@@ -231,3 +231,125 @@ async fn shards_rebalanced_under_load_lose_nothing() {
         "every key executed exactly once"
     );
 }
+
+/// Every migration after 0011 (which changes `client_id`'s collation, refused on a
+/// distribution column) applies to a table already distributed — the ones of today and
+/// every one added later: for each version from 0011 on, a schema migrated that far, then
+/// distributed, then migrated to the end, is the schema a fresh `idemproxy migrate`
+/// lays out, and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_migrations_apply_to_a_distributed_table() {
+    use idemproxy::store::{KeyStore, MIGRATIONS, Reservation, migrate};
+    let fresh = TestDb::citus().await;
+    let want = crate::schema::shape(&fresh).await;
+    let from = MIGRATIONS.iter().position(|m| m.version == 11).unwrap();
+    for at in from..MIGRATIONS.len() - 1 {
+        let db = TestDb::citus_empty().await;
+        let client = db.client().await;
+        client
+            .batch_execute(
+                "CREATE TABLE idemproxy_migrations (version integer PRIMARY KEY, \
+                 name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+            )
+            .await
+            .unwrap();
+        for m in &MIGRATIONS[..=at] {
+            client.batch_execute(m.sql).await.unwrap();
+            client
+                .execute(
+                    "INSERT INTO idemproxy_migrations (version, name) VALUES ($1, $2)",
+                    &[&m.version, &m.name],
+                )
+                .await
+                .unwrap();
+        }
+        client
+            .batch_execute("SELECT create_distributed_table('idempotency_keys', 'client_id')")
+            .await
+            .unwrap();
+        let store = db.store();
+        let mut conn = store.pool().get().await.unwrap();
+        let applied = migrate(&mut conn).await.unwrap();
+        drop(conn);
+        assert_eq!(applied.len(), MIGRATIONS.len() - 1 - at);
+        let version = MIGRATIONS[at].version;
+        assert_eq!(
+            crate::schema::shape(&db).await,
+            want,
+            "distributed at version {version}"
+        );
+        let req = a_request("k");
+        assert!(matches!(
+            store.reserve(&req).await.unwrap(),
+            Reservation::Reserved(_)
+        ));
+    }
+}
+
+/// A single-node table that already holds keys is distributed by `idemproxy migrate`
+/// while it keeps its keys (`create_distributed_table_concurrently`): every stored answer
+/// replays afterwards, and a second migrate changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_distributes_a_table_that_holds_keys() {
+    use idemproxy::store::migrate;
+    let db = TestDb::citus().await;
+    let client = db.client().await;
+    client
+        .batch_execute("SELECT undistribute_table('idempotency_keys')")
+        .await
+        .unwrap();
+    let distributed = || async {
+        client
+            .query_one(
+                "SELECT count(*) FROM pg_dist_partition \
+                 WHERE logicalrelid = 'idempotency_keys'::regclass",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    assert_eq!(distributed().await, 0);
+    let backend = Backend::Postgres(db);
+    let upstream = Upstream::spawn(Behavior::default()).await;
+    let proxy = TestProxy::spawn(PAYMENTS, &upstream, &backend).await;
+    let http = TestClient::new(&proxy);
+    for i in 0..20 {
+        let reply = http
+            .post("/payments", &format!("shop-{i}"), "k", BODY)
+            .await;
+        assert_eq!(reply.status, 201, "{reply:?}");
+    }
+    proxy.stop().await;
+    let store = backend.pg().store();
+    let mut conn = store.pool().get().await.unwrap();
+    migrate(&mut conn).await.unwrap();
+    assert_eq!(distributed().await, 1);
+    migrate(&mut conn).await.unwrap();
+    drop(conn);
+    assert_eq!(backend.rows().await, 20);
+    let proxy = TestProxy::spawn(PAYMENTS, &upstream, &backend).await;
+    let http = TestClient::new(&proxy);
+    for i in 0..20 {
+        let again = http
+            .post("/payments", &format!("shop-{i}"), "k", BODY)
+            .await;
+        assert!(again.replayed(), "{again:?}");
+    }
+    assert_eq!(upstream.executions(), 20);
+    proxy.stop().await;
+}
+
+/// A reservation of `key` for client `c`.
+fn a_request(key: &str) -> idemproxy::store::ReserveRequest<'_> {
+    idemproxy::store::ReserveRequest {
+        client_id: "c",
+        key,
+        fingerprint: &[7; 32],
+        route: "create-payment",
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+        takeover: true,
+        derived_key: None,
+    }
+}

@@ -436,7 +436,7 @@ async fn replays_from_memory_are_opened(db: Backend) {
     proxy.stop().await;
 }
 
-on_both_stores!(
+on_every_store!(
     answers_are_sealed_at_rest,
     replays_from_memory_are_opened,
     keys_rotate_and_rekey_moves_rows,

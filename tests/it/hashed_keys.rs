@@ -305,7 +305,7 @@ async fn rehash_keys_moves_a_clear_store(db: Backend) {
     );
 }
 
-on_both_stores!(
+on_every_store!(
     rehash_keys_moves_a_clear_store,
     hashed_keys_replay_and_admin_lookups_work,
     a_takeover_of_a_hashed_key_sends_the_clear_derived_key,

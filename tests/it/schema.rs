@@ -7,7 +7,7 @@ use crate::support::TestDb;
 
 /// Everything a schema is made of, one line each, sorted, with the schema's own name
 /// taken out. The migrations' bookkeeping table is not part of the schema a reader wants.
-async fn shape(db: &TestDb) -> Vec<String> {
+pub(crate) async fn shape(db: &TestDb) -> Vec<String> {
     const PARTS: [&str; 6] = [
         "SELECT format('table %s (%s)', c.relname, coalesce(array_to_string(c.reloptions, ','), '')) \
          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \

@@ -122,15 +122,26 @@ impl TestDb {
     /// key table there. On the cluster `IDEMPROXY_CITUS_URL` names (tests/run starts one
     /// for the run), else on a cluster of this test's own.
     pub async fn citus() -> Self {
+        Self::citus_empty().await.migrated().await
+    }
+
+    /// Like [`TestDb::citus`], without the migrations applied.
+    pub async fn citus_empty() -> Self {
         match std::env::var("IDEMPROXY_CITUS_URL") {
             Ok(url) => Self::on_coordinator(url, None).await,
-            Err(_) => Self::on_citus(std::sync::Arc::new(super::citus::Citus::start())).await,
+            Err(_) => {
+                let cluster = std::sync::Arc::new(super::citus::Citus::start());
+                Self::on_coordinator(cluster.url(), Some(cluster)).await
+            }
         }
     }
 
     /// A fresh schema on `cluster`, migrated (a test that stops its nodes has its own).
     pub async fn on_citus(cluster: std::sync::Arc<super::citus::Citus>) -> Self {
-        Self::on_coordinator(cluster.url(), Some(cluster)).await
+        Self::on_coordinator(cluster.url(), Some(cluster))
+            .await
+            .migrated()
+            .await
     }
 
     async fn on_coordinator(
@@ -145,8 +156,6 @@ impl TestDb {
             home,
             _cluster: cluster,
         }
-        .migrated()
-        .await
     }
 
     async fn migrated(self) -> Self {
