@@ -243,27 +243,10 @@ async fn later_migrations_apply_to_a_distributed_table() {
     let fresh = TestDb::citus().await;
     let want = crate::schema::shape(&fresh).await;
     let from = MIGRATIONS.iter().position(|m| m.version == 11).unwrap();
-    for at in from..MIGRATIONS.len() - 1 {
-        let db = TestDb::citus_empty().await;
-        let client = db.client().await;
-        client
-            .batch_execute(
-                "CREATE TABLE idemproxy_migrations (version integer PRIMARY KEY, \
-                 name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
-            )
+    for (at, m) in MIGRATIONS.iter().enumerate().take(MIGRATIONS.len() - 1).skip(from) {
+        let db = migrated_by_hand(at).await;
+        db.client()
             .await
-            .unwrap();
-        for m in &MIGRATIONS[..=at] {
-            client.batch_execute(m.sql).await.unwrap();
-            client
-                .execute(
-                    "INSERT INTO idemproxy_migrations (version, name) VALUES ($1, $2)",
-                    &[&m.version, &m.name],
-                )
-                .await
-                .unwrap();
-        }
-        client
             .batch_execute("SELECT create_distributed_table('idempotency_keys', 'client_id')")
             .await
             .unwrap();
@@ -272,7 +255,7 @@ async fn later_migrations_apply_to_a_distributed_table() {
         let applied = migrate(&mut conn).await.unwrap();
         drop(conn);
         assert_eq!(applied.len(), MIGRATIONS.len() - 1 - at);
-        let version = MIGRATIONS[at].version;
+        let version = m.version;
         assert_eq!(
             crate::schema::shape(&db).await,
             want,
@@ -291,13 +274,10 @@ async fn later_migrations_apply_to_a_distributed_table() {
 /// replays afterwards, and a second migrate changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_distributes_a_table_that_holds_keys() {
-    use idemproxy::store::migrate;
-    let db = TestDb::citus().await;
+    use idemproxy::store::{MIGRATIONS, migrate};
+    // As an idemproxy that did not distribute its table left it on a Citus coordinator.
+    let db = migrated_by_hand(MIGRATIONS.len() - 1).await;
     let client = db.client().await;
-    client
-        .batch_execute("SELECT undistribute_table('idempotency_keys')")
-        .await
-        .unwrap();
     let distributed = || async {
         client
             .query_one(
@@ -338,6 +318,32 @@ async fn migrate_distributes_a_table_that_holds_keys() {
     }
     assert_eq!(upstream.executions(), 20);
     proxy.stop().await;
+}
+
+/// A schema on the shared Citus cluster with the migrations up to `MIGRATIONS[at]`
+/// applied statement by statement, as the versions of idemproxy before this one did:
+/// nothing distributed.
+async fn migrated_by_hand(at: usize) -> TestDb {
+    let db = TestDb::citus_empty().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE idemproxy_migrations (version integer PRIMARY KEY, \
+             name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .await
+        .unwrap();
+    for m in &idemproxy::store::MIGRATIONS[..=at] {
+        client.batch_execute(m.sql).await.unwrap();
+        client
+            .execute(
+                "INSERT INTO idemproxy_migrations (version, name) VALUES ($1, $2)",
+                &[&m.version, &m.name],
+            )
+            .await
+            .unwrap();
+    }
+    db
 }
 
 /// A reservation of `key` for client `c`.

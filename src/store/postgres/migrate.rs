@@ -107,7 +107,7 @@ pub const MIGRATIONS: &[Migration] = &[
 pub const LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
 
 /// An arbitrary constant shared by every idemproxy process ("idem" in ASCII).
-const MIGRATION_LOCK: i64 = 0x6964_656d;
+pub(super) const MIGRATION_LOCK: i64 = 0x6964_656d;
 
 /// How often a migrator waiting for another's index build looks again.
 const BUILD_POLL: Duration = Duration::from_millis(200);
@@ -160,65 +160,8 @@ async fn migrate_all(client: &mut Client) -> Result<Vec<i32>, StoreError> {
             rest = later;
         }
     }
-    distribute(client).await?;
+    super::distribute::distribute(client).await?;
     Ok(applied)
-}
-
-/// On a Citus coordinator, distributes the key table by `client_id` (every statement of
-/// a request names one `client_id`, so each runs on the worker holding that key's shard),
-/// once the migrations are applied: Citus refuses some of them on a distributed table
-/// (0011 changes `client_id`'s collation). The other tables stay on the coordinator, the
-/// one node the proxies talk to: `idemproxy_migrations`, `idemproxy_settings` and the
-/// lease-token sequence (tokens are taken there, never on a worker, so a token never
-/// repeats, also after a shard moves). An empty table is distributed in the migrations'
-/// lock; one with keys with `create_distributed_table_concurrently`, which keeps taking
-/// writes while it copies them (and cannot run in a transaction). Nothing on a plain
-/// PostgreSQL, on a Citus worker, or when the table is distributed already.
-async fn distribute(client: &mut Client) -> Result<(), StoreError> {
-    if !has_citus(client).await? {
-        return Ok(());
-    }
-    let tx = client.transaction().await?;
-    tx.batch_execute(&format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
-        .await?;
-    let row = tx
-        .query_one(
-            "SELECT citus_is_coordinator(),                     EXISTS (SELECT 1 FROM pg_dist_partition                             WHERE logicalrelid = to_regclass('idempotency_keys')),                     EXISTS (SELECT 1 FROM idempotency_keys)",
-            &[],
-        )
-        .await?;
-    let (coordinator, distributed, keys): (bool, bool, bool) =
-        (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-    if !coordinator || distributed {
-        return Ok(());
-    }
-    if !keys {
-        tx.batch_execute("SELECT create_distributed_table('idempotency_keys', 'client_id')")
-            .await?;
-        tx.commit().await?;
-        tracing::info!("distributed the key table by client_id (Citus)");
-        return Ok(());
-    }
-    tx.commit().await?;
-    tracing::info!(
-        "distributing the key table by client_id (Citus); its keys are copied while it takes writes"
-    );
-    match client
-        .batch_execute(
-            "SELECT create_distributed_table_concurrently('idempotency_keys', 'client_id')",
-        )
-        .await
-    {
-        Ok(()) => Ok(()),
-        // Another migrator distributed it meanwhile.
-        Err(e)
-            if e.as_db_error()
-                .is_some_and(|d| d.message().contains("already distributed")) =>
-        {
-            Ok(())
-        }
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// Applies those of `migrations` not yet applied, in one transaction.
@@ -342,7 +285,9 @@ async fn index_state(client: &Client, name: &str) -> Result<IndexState, StoreErr
 }
 
 /// Whether the database has the Citus extension.
-async fn has_citus(client: &impl tokio_postgres::GenericClient) -> Result<bool, StoreError> {
+pub(super) async fn has_citus(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<bool, StoreError> {
     let rows = client
         .query_typed(
             "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",

@@ -11,6 +11,7 @@ mod batch;
 mod call;
 mod conn;
 mod connect;
+mod distribute;
 mod distributed;
 mod form_agreement;
 mod inspect;
