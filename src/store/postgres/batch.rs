@@ -90,43 +90,6 @@ impl PgStore {
         self.group.write(self, write).await
     }
 
-    /// Each write in a statement of its own (a distributed table's batch): the writes of
-    /// different keys all at once, those of one key one after another, completions and
-    /// releases before reservations — the order `idempotency_batch()` gives them.
-    async fn write_each(&self, writes: Vec<Write>) -> Vec<Result<Written, StoreError>> {
-        let n = writes.len();
-        let mut by_key: Vec<Vec<(usize, Write)>> = Vec::new();
-        for (i, write) in writes.into_iter().enumerate() {
-            let row = write.row();
-            match by_key.iter_mut().find(|g| g[0].1.row() == row) {
-                Some(group) => group.push((i, write)),
-                None => by_key.push(vec![(i, write)]),
-            }
-        }
-        let mut set = tokio::task::JoinSet::new();
-        for mut group in by_key {
-            group.sort_by_key(|(_, w)| matches!(w, Write::Reserve(_)));
-            let store = self.clone();
-            set.spawn(async move {
-                let mut done = Vec::with_capacity(group.len());
-                for (i, write) in group {
-                    done.push((i, store.write_one(&write).await));
-                }
-                done
-            });
-        }
-        let mut results: Vec<Option<Result<Written, StoreError>>> = (0..n).map(|_| None).collect();
-        while let Some(joined) = set.join_next().await {
-            for (i, result) in joined.unwrap_or_default() {
-                results[i] = Some(result);
-            }
-        }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(StoreError::Corrupt("a write's task ended".into()))))
-            .collect()
-    }
-
     /// Runs a statement that only applies while the row carries the fence's token.
     /// `$1..$3` are the fence; `notify` adds `$4` (payload) and `$5` (whether to notify)
     /// and reads the affected count from the first column instead of the command tag.
@@ -185,7 +148,7 @@ impl PgStore {
     }
 
     /// One write in a statement of its own.
-    async fn write_one(&self, write: &Write) -> Result<Written, StoreError> {
+    pub(super) async fn write_one(&self, write: &Write) -> Result<Written, StoreError> {
         match write {
             Write::Reserve(r) => {
                 let req = r.request();

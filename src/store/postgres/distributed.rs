@@ -22,6 +22,7 @@ use tokio_postgres::types::Type;
 use super::PgStore;
 use super::sql::*;
 use crate::store::types::*;
+use crate::store::writes::{Write, Written};
 
 /// Where the key table lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,6 +174,43 @@ impl PgStore {
     /// Whether writes go one statement each (see the module doc).
     pub(super) async fn distributed(&self) -> Result<bool, StoreError> {
         Ok(self.layout().await? == Layout::Distributed)
+    }
+
+    /// Each write in a statement of its own (a distributed table's batch): the writes of
+    /// different keys all at once, those of one key one after another, completions and
+    /// releases before reservations — the order `idempotency_batch()` gives them.
+    pub(super) async fn write_each(&self, writes: Vec<Write>) -> Vec<Result<Written, StoreError>> {
+        let n = writes.len();
+        let mut by_key: Vec<Vec<(usize, Write)>> = Vec::new();
+        for (i, write) in writes.into_iter().enumerate() {
+            let row = write.row();
+            match by_key.iter_mut().find(|g| g[0].1.row() == row) {
+                Some(group) => group.push((i, write)),
+                None => by_key.push(vec![(i, write)]),
+            }
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for mut group in by_key {
+            group.sort_by_key(|(_, w)| matches!(w, Write::Reserve(_)));
+            let store = self.clone();
+            set.spawn(async move {
+                let mut done = Vec::with_capacity(group.len());
+                for (i, write) in group {
+                    done.push((i, store.write_one(&write).await));
+                }
+                done
+            });
+        }
+        let mut results: Vec<Option<Result<Written, StoreError>>> = (0..n).map(|_| None).collect();
+        while let Some(joined) = set.join_next().await {
+            for (i, result) in joined.unwrap_or_default() {
+                results[i] = Some(result);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(StoreError::Corrupt("a write's task ended".into()))))
+            .collect()
     }
 
     /// Raises `payload` on `channel` from the coordinator, where the replicas listen.
