@@ -66,6 +66,10 @@ struct Args {
     key_prefix: String,
     #[arg(long, default_value = "bench")]
     client_id: String,
+    /// Spread requests over this many client ids (`{client-id}-{i}`; a key always with the
+    /// same one): a distributed store places each client's keys on one node.
+    #[arg(long, default_value_t = 1)]
+    clients: u64,
     /// Closed loop with this many workers.
     #[arg(long)]
     concurrency: Option<usize>,
@@ -103,26 +107,33 @@ struct Shared {
 }
 
 impl Shared {
-    fn key(&self) -> Option<String> {
+    /// The next request's client id and key.
+    fn key(&self) -> (String, Option<String>) {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        match self.args.keys.as_str() {
+        let i = match self.args.keys.as_str() {
+            "pool" => n % self.args.key_pool.max(1),
+            _ => n,
+        };
+        let client = if self.args.clients > 1 {
+            format!("{}-{}", self.args.client_id, i % self.args.clients)
+        } else {
+            self.args.client_id.clone()
+        };
+        let key = match self.args.keys.as_str() {
             "none" => None,
-            "pool" => Some(format!(
-                "{}-{}",
-                self.args.key_prefix,
-                n % self.args.key_pool.max(1)
-            )),
-            _ => Some(format!("{}-{n}", self.args.key_prefix)),
-        }
+            _ => Some(format!("{}-{i}", self.args.key_prefix)),
+        };
+        (client, key)
     }
 
     async fn one(&self, intended: Instant) {
         let mut req = http::Request::builder()
             .method(self.args.method.as_str())
             .uri(&self.args.url)
-            .header("content-type", "application/json")
-            .header("x-client-id", &self.args.client_id);
-        if let Some(key) = self.key() {
+            .header("content-type", "application/json");
+        let (client, key) = self.key();
+        req = req.header("x-client-id", client);
+        if let Some(key) = key {
             req = req.header("idempotency-key", key);
         }
         let body = if self.args.method == "GET" {

@@ -53,6 +53,8 @@ print("CPU per request: the proxy process's CPU time (the peer's, for `peer-redi
 print("| case | mode | req/s | range | p50 ms | p99 ms | p99.9 ms | errors | proxy CPU share | proxy CPU µs/req | store CPU µs/req | proxy peak RSS MiB |")
 print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for label, d in rows.items():
+    if d.get("mode") == "nodes":
+        continue
     share = d.get("cpu_share")
     peak = d.get("peak_rss_kib")
     print(f"| {label} | {d.get('mode', '')} | {d['rps']:.0f} | {spread(label)} | {cell(label, 'p50_ms')} | "
@@ -122,3 +124,25 @@ print("| ratio | value |")
 print("| --- | ---: |")
 for case in ["keyed-pg", "replay-pg", "keyed-embedded", "replay-embedded"]:
     print(f"| {case}: sealed / clear | {ratio(case + '-sealed', case + '-clear')} |")
+
+if any(label.endswith("-citus") for label in runs):
+    print()
+    print("Past one primary: the same proxy on Citus (a coordinator and two workers) and on one PostgreSQL "
+          "configured as the nodes are, all on this machine's cores, interleaved (bench/citus.sh):\n")
+    print("| ratio | value | target |")
+    print("| --- | ---: | ---: |")
+    print(f"| keyed: Citus / one PostgreSQL | {ratio('keyed-citus', 'keyed-one-pg')} | ≥ 0.5 |")
+    print(f"| replay: Citus / one PostgreSQL | {ratio('replay-citus', 'replay-one-pg')} | ≥ 0.5 |")
+    print(f"| replay without the replay cache: Citus / one PostgreSQL | {ratio('replay-store-citus', 'replay-store-one-pg')} | |")
+    print(f"| pgbench, the proxy's reserve + complete: Citus / one PostgreSQL | {ratio('pgbench-proxy-pair-citus', 'pgbench-proxy-pair-one-pg')} | |")
+    print(f"| keyed on Citus / pgbench's reserve + complete on Citus | {ratio('keyed-citus', 'pgbench-proxy-pair-citus')} | |")
+    print()
+    print("| case | req/s | server CPU per request (µs): coordinator, worker 1, worker 2 | one PostgreSQL: req/s, server CPU (µs) |")
+    print("| --- | ---: | ---: | ---: |")
+    for case in ["keyed", "replay", "replay-store"]:
+        n = rows.get(f"{case}-citus-nodes", {})
+        one = rows.get(f"{case}-one-pg", {})
+        split = ", ".join(str(n.get(f"{x}_us_per_req", "–")) for x in ("coordinator", "worker1", "worker2"))
+        one_cpu = one.get("db_cpu_us_per_req")
+        print(f"| {case} | {cell(case + '-citus', 'rps', '{:.0f}')} | {split} | "
+              f"{cell(case + '-one-pg', 'rps', '{:.0f}')}, {'–' if one_cpu is None else f'{one_cpu:.0f}'} |")
