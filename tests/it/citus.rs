@@ -243,7 +243,12 @@ async fn later_migrations_apply_to_a_distributed_table() {
     let fresh = TestDb::citus().await;
     let want = crate::schema::shape(&fresh).await;
     let from = MIGRATIONS.iter().position(|m| m.version == 11).unwrap();
-    for (at, m) in MIGRATIONS.iter().enumerate().take(MIGRATIONS.len() - 1).skip(from) {
+    for (at, m) in MIGRATIONS
+        .iter()
+        .enumerate()
+        .take(MIGRATIONS.len() - 1)
+        .skip(from)
+    {
         let db = migrated_by_hand(at).await;
         db.client()
             .await

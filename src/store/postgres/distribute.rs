@@ -23,19 +23,18 @@
 
 use tokio_postgres::Client;
 
-use super::migrate::{MIGRATION_LOCK, has_citus};
 use crate::store::StoreError;
 
 const RESERVE_SIGNATURE: &str =
     "idempotency_reserve(text, text, bytea, text, bigint, bigint, boolean, text, boolean)";
 
-/// See the module doc.
-pub(super) async fn distribute(client: &mut Client) -> Result<(), StoreError> {
+/// See the module doc; `lock` is the migrations' advisory lock, taken around each step.
+pub(super) async fn distribute(client: &mut Client, lock: i64) -> Result<(), StoreError> {
     if !has_citus(client).await? {
         return Ok(());
     }
     let tx = client.transaction().await?;
-    tx.batch_execute(&format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
+    tx.batch_execute(&format!("SELECT pg_advisory_xact_lock({lock})"))
         .await?;
     let row = tx
         .query_one(
@@ -60,7 +59,7 @@ pub(super) async fn distribute(client: &mut Client) -> Result<(), StoreError> {
     if !distributed && keys {
         distribute_concurrently(client).await?;
     }
-    delegate_reservations(client).await
+    delegate_reservations(client, lock).await
 }
 
 async fn distribute_concurrently(client: &mut Client) -> Result<(), StoreError> {
@@ -86,12 +85,12 @@ async fn distribute_concurrently(client: &mut Client) -> Result<(), StoreError> 
 }
 
 /// The token sequence on every node, and `idempotency_reserve()` delegated (module doc).
-async fn delegate_reservations(client: &mut Client) -> Result<(), StoreError> {
+async fn delegate_reservations(client: &mut Client, lock: i64) -> Result<(), StoreError> {
     let tx = client.transaction().await?;
     // One connection per worker: after the ALTER, Citus refuses to propagate a function
     // in the same transaction otherwise (see `migrate::apply_in_transaction`).
     tx.batch_execute(&format!(
-        "SELECT pg_advisory_xact_lock({MIGRATION_LOCK}); \
+        "SELECT pg_advisory_xact_lock({lock}); \
          SET LOCAL citus.multi_shard_modify_mode TO 'sequential'"
     ))
     .await?;
@@ -143,4 +142,17 @@ async fn delegate_reservations(client: &mut Client) -> Result<(), StoreError> {
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// Whether the database has the Citus extension.
+pub(super) async fn has_citus(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<bool, StoreError> {
+    let rows = client
+        .query_typed(
+            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
+            &[],
+        )
+        .await?;
+    Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
 }

@@ -107,7 +107,7 @@ pub const MIGRATIONS: &[Migration] = &[
 pub const LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
 
 /// An arbitrary constant shared by every idemproxy process ("idem" in ASCII).
-pub(super) const MIGRATION_LOCK: i64 = 0x6964_656d;
+const MIGRATION_LOCK: i64 = 0x6964_656d;
 
 /// How often a migrator waiting for another's index build looks again.
 const BUILD_POLL: Duration = Duration::from_millis(200);
@@ -160,7 +160,7 @@ async fn migrate_all(client: &mut Client) -> Result<Vec<i32>, StoreError> {
             rest = later;
         }
     }
-    super::distribute::distribute(client).await?;
+    super::distribute::distribute(client, MIGRATION_LOCK).await?;
     Ok(applied)
 }
 
@@ -174,7 +174,7 @@ async fn apply_in_transaction(
     let tx = client.transaction().await?;
     tx.batch_execute(&format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"))
         .await?;
-    if has_citus(&tx).await? {
+    if super::distribute::has_citus(&tx).await? {
         // On a distributed table an ALTER runs on every shard at once, over several
         // connections per worker, after which Citus refuses, in the same transaction, a
         // statement it must run over one (a function it propagates). One connection per
@@ -282,19 +282,6 @@ async fn index_state(client: &Client, name: &str) -> Result<IndexState, StoreErr
         Some(row) if row.try_get::<_, bool>(1)? => IndexState::Building,
         Some(_) => IndexState::Invalid,
     })
-}
-
-/// Whether the database has the Citus extension.
-pub(super) async fn has_citus(
-    client: &impl tokio_postgres::GenericClient,
-) -> Result<bool, StoreError> {
-    let rows = client
-        .query_typed(
-            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
-            &[],
-        )
-        .await?;
-    Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
 }
 
 async fn create_version_table(
