@@ -364,3 +364,82 @@ fn a_request(key: &str) -> idemproxy::store::ReserveRequest<'_> {
         derived_key: None,
     }
 }
+
+/// A table distributed while a proxy runs: the proxy's next batch is refused by Citus,
+/// worked around one write at a time (each write still answered), counted, and the
+/// layout looked up again — the batches after it go as distributed writes, not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_distributed_under_a_running_store_is_noticed() {
+    use idemproxy::store::{
+        Completion, Fence, Fenced, Health, KeyStore, MIGRATIONS, Reservation, Reserve,
+        StoredResponse, Write, WriteBatch, Written,
+    };
+    let db = migrated_by_hand(MIGRATIONS.len() - 1).await;
+    let store = db.store();
+    let reserve = |key: &str| {
+        Write::Reserve(Reserve {
+            client_id: format!("shop-{key}"),
+            key: key.into(),
+            fingerprint: [7; 32],
+            route: "create-payment".into(),
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(3600),
+            takeover: true,
+            derived_key: None,
+        })
+    };
+    let batch_of = |keys: &[&str]| keys.iter().map(|k| reserve(k)).collect::<Vec<_>>();
+    let fallbacks =
+        |store: &idemproxy::store::PgStore| store.pool_status().unwrap().batch_fallbacks;
+    // On one node: batches are batches.
+    for answer in store.write_batch(batch_of(&["a", "b"])).await {
+        assert!(matches!(
+            answer,
+            Ok(Written::Reservation(Reservation::Reserved(_), _))
+        ));
+    }
+    assert_eq!(fallbacks(&store), 0);
+    db.client()
+        .await
+        .batch_execute(
+            "SELECT create_distributed_table_concurrently('idempotency_keys', 'client_id')",
+        )
+        .await
+        .unwrap();
+    // The next batch: refused, each write still answered, counted.
+    let answers = store.write_batch(batch_of(&["c", "d"])).await;
+    let leases: Vec<_> = answers
+        .into_iter()
+        .map(|a| match a {
+            Ok(Written::Reservation(Reservation::Reserved(lease), _)) => lease,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(fallbacks(&store), 1, "the refused batch is counted");
+    // From then on the store knows the table is distributed: no more refusals, and a
+    // completion wakes and applies as on any distributed table.
+    for answer in store.write_batch(batch_of(&["e", "f"])).await {
+        assert!(matches!(
+            answer,
+            Ok(Written::Reservation(Reservation::Reserved(_), _))
+        ));
+    }
+    let done = Completion::Stored(StoredResponse::clear(201, Default::default(), "x".into()));
+    let fence = Fence {
+        client_id: "shop-c".into(),
+        key: "c".into(),
+        token: leases[0].token,
+        notify: true,
+        retention: Duration::from_secs(3600),
+    };
+    assert_eq!(
+        store.complete(&fence, &done).await.unwrap(),
+        Fenced::Applied
+    );
+    assert_eq!(
+        fallbacks(&store),
+        1,
+        "no batch refused after the layout was looked up again"
+    );
+    assert_eq!(db.rows().await, 6);
+}

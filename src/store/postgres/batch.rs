@@ -12,6 +12,9 @@ use super::sql::*;
 use crate::store::types::*;
 use crate::store::writes::{Write, WriteBatch, Written, on_this_runtime, row_order};
 
+/// At most one warning this often for batches the server refuses.
+const REFUSAL_WARNING_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
 const BATCH: &str = "SELECT o_index, o_outcome, o_lease_token, o_attempts, o_lease_remaining_ms, \
      o_response_status, o_response_headers, o_response_body, o_replayable, o_expires_in_ms, \
      o_derived_key, o_sealed_with \
@@ -50,10 +53,7 @@ impl WriteBatch for PgStore {
             // warning and a count, and the table's layout is looked up again (it may have
             // been distributed meanwhile).
             Err(e) => {
-                self.batch_fallbacks
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                self.layout.forget();
-                tracing::warn!(cause = %e, writes = writes.len(), "the store refused a batch; its writes run one at a time");
+                self.refused_batch(&e, writes.len());
                 let mut results = Vec::with_capacity(writes.len());
                 for write in &writes {
                     results.push(self.write_one(write).await);
@@ -78,6 +78,34 @@ impl WriteBatch for PgStore {
 }
 
 impl PgStore {
+    /// Counts a batch the server refused, and says why: a warning at most every
+    /// [`REFUSAL_WARNING_EVERY`] (a full disk refuses every batch; the count says how
+    /// many), otherwise at debug level. A refusal of what the statement is made of
+    /// (`feature_not_supported`: Citus on a table distributed while this process ran)
+    /// has the table's layout looked up again.
+    fn refused_batch(&self, e: &StoreError, writes: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let n = self.batch_fallbacks.fetch_add(1, Relaxed) + 1;
+        if let StoreError::Postgres(pg) = e
+            && pg.code() == Some(&tokio_postgres::error::SqlState::FEATURE_NOT_SUPPORTED)
+        {
+            self.layout.forget();
+        }
+        let now = crate::clock::now_ms().max(0) as u64;
+        let last = self.batch_refusal_warned.load(Relaxed);
+        let every = REFUSAL_WARNING_EVERY.as_millis() as u64;
+        if (last == 0 || now.saturating_sub(last) >= every)
+            && self
+                .batch_refusal_warned
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(cause = %e, writes, refused_so_far = n, "the store refused a batch; its writes run one at a time (store_batch_fallbacks_total counts them)");
+        } else {
+            tracing::debug!(cause = %e, writes, "the store refused a batch; its writes run one at a time");
+        }
+    }
+
     /// A reservation, completion or release: through group commit on one PostgreSQL, in a
     /// statement of its own on a distributed table (see `distributed`).
     pub(super) async fn write(&self, write: Write) -> Result<Written, StoreError> {

@@ -90,6 +90,8 @@ pub struct PgStore {
     layout: Arc<distributed::KnownLayout>,
     /// Batches the server refused whose writes then ran one at a time.
     batch_fallbacks: Arc<AtomicU64>,
+    /// When the last warning about a refused batch was logged (ms since the epoch).
+    batch_refusal_warned: Arc<AtomicU64>,
 }
 
 impl PgStore {
@@ -137,6 +139,7 @@ impl PgStore {
             listen_direct: config.listen_url.is_some(),
             layout: Arc::default(),
             batch_fallbacks: Arc::default(),
+            batch_refusal_warned: Arc::default(),
         })
     }
 
