@@ -1,4 +1,4 @@
-//! The key table distributed by Citus (`docs/stores.md#past-one-primary`): which layout
+//! The key table distributed by Citus (`docs/stores.md#past-one-primary-citus`): which layout
 //! the store runs on, and the statements that take another shape there.
 //!
 //! Citus runs a statement that names one `client_id` on the worker holding that key's shard
