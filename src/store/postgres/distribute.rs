@@ -144,15 +144,14 @@ async fn delegate_reservations(client: &mut Client, lock: i64) -> Result<(), Sto
     Ok(())
 }
 
+/// Whether the database has the Citus extension (one row, one boolean).
+pub(super) const HAS_CITUS: &str =
+    "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')";
+
 /// Whether the database has the Citus extension.
 pub(super) async fn has_citus(
     client: &impl tokio_postgres::GenericClient,
 ) -> Result<bool, StoreError> {
-    let rows = client
-        .query_typed(
-            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
-            &[],
-        )
-        .await?;
+    let rows = client.query_typed(HAS_CITUS, &[]).await?;
     Ok(rows.first().is_some_and(|row| row.get::<_, bool>(0)))
 }

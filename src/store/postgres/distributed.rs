@@ -20,6 +20,7 @@ use std::time::Duration;
 use tokio_postgres::types::Type;
 
 use super::PgStore;
+use super::distribute::HAS_CITUS;
 use super::sql::*;
 use crate::store::types::*;
 use crate::store::writes::{Write, Written};
@@ -61,8 +62,6 @@ impl KnownLayout {
         self.0.store(0, Ordering::Relaxed);
     }
 }
-
-const HAS_CITUS: &str = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')";
 
 const IS_DISTRIBUTED: &str = "SELECT EXISTS (SELECT 1 FROM pg_dist_partition \
      WHERE logicalrelid = to_regclass('idempotency_keys'))";
