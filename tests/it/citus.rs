@@ -225,9 +225,27 @@ async fn shards_rebalanced_under_load_lose_nothing() {
             assert!(again.replayed(), "{owner} during-{round}: {again:?}");
         }
     }
+    // New keys after the move, reserved where their shards now are (worker3 among them):
+    // a lease token never repeats, whichever node handed it out (each node's sequence has
+    // a range of its own), so no two rows of the table carry the same one.
+    for owner in &owners {
+        let reply = client.post("/payments", owner, "after", BODY).await;
+        assert_eq!(reply.status, 201, "{reply:?}");
+    }
+    let (tokens, distinct): (i64, i64) = {
+        let row = coordinator
+            .query_one(
+                "SELECT count(*), count(DISTINCT lease_token) FROM idempotency_keys",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(tokens, distinct, "a lease token was handed out twice");
     assert_eq!(
         upstream.executions(),
-        owners.len() * (1 + rounds),
+        owners.len() * (2 + rounds),
         "every key executed exactly once"
     );
 }
