@@ -56,7 +56,10 @@ struct Args {
         default_value = r#"{"amount":100,"currency":"RUB","recipient":"shop","purpose":"order"}"#
     )]
     body: String,
-    /// `none`, `unique` (a new key per request) or `pool` (keys from a pool of --key-pool).
+    /// `none`, `unique` (a new key per request, `{prefix}-{n}`), `random` (a new random
+    /// UUIDv4 per request, as payment SDKs make them: each lands on a random page of the
+    /// key index, as the seed pair's random keys do) or `pool` (keys from a pool of
+    /// --key-pool).
     #[arg(long, default_value = "unique")]
     keys: String,
     #[arg(long, default_value_t = 1000)]
@@ -101,6 +104,8 @@ struct Shared {
     args: Args,
     client: Client<HttpConnector, Full<Bytes>>,
     next: AtomicU64,
+    /// Differs per run, so that `random` keys of two runs never meet.
+    seed: u64,
     stats: Mutex<Stats>,
     measure_from: Instant,
     measure_until: Instant,
@@ -121,6 +126,7 @@ impl Shared {
         };
         let key = match self.args.keys.as_str() {
             "none" => None,
+            "random" => Some(uuid_v4(self.seed ^ n)),
             _ => Some(format!("{}-{i}", self.args.key_prefix)),
         };
         (client, key)
@@ -219,6 +225,30 @@ async fn open_loop(shared: &Arc<Shared>, start: Instant, rate: f64) {
     pacer.join().unwrap();
 }
 
+/// A version-4 UUID from `x` (two rounds of splitmix64): random enough to scatter keys over
+/// the index like an SDK's, cheap enough not to be what the load generator measures.
+fn uuid_v4(x: u64) -> String {
+    fn mix(mut z: u64) -> u64 {
+        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    let (a, b) = (mix(x), mix(x ^ 0x5555_5555_5555_5555));
+    let v = (u128::from(a) << 64 | u128::from(b)) & !(0xf000 << 64) & !(0xc000 << 48)
+        | (0x4000 << 64)
+        | (0x8000 << 48);
+    let h = format!("{v:032x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
@@ -235,6 +265,10 @@ async fn main() {
         args: args.clone(),
         client,
         next: AtomicU64::new(0),
+        seed: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()).rotate_left(32),
         stats: Mutex::new(Stats {
             hist: Some(Histogram::new_with_bounds(1, 60_000_000, 3).unwrap()),
             ..Default::default()

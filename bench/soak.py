@@ -4,7 +4,9 @@ targets of issue 33 checked on them (a report: nothing here fails a build).
 Arguments: the proxy's per-minute JSON lines, the directory of pgbench's per-transaction
 logs (`-l`: client, transaction, latency in µs, script, epoch seconds, µs), concurrency,
 and (optional) the database's counters before the first minute: each proxy minute carries
-them as of its end (`db`), and a second table shows what the server did in each minute.
+them as of its end (`db`), and a second table shows what the server did in each minute;
+then the proxy's stages before that minute, a label for the server, and the server's log
+(checkpoints and autovacuum runs, by the minute each ended in).
 """
 import glob
 import json
@@ -12,7 +14,7 @@ import sys
 
 soak_path, log_dir, conc = sys.argv[1:4]
 proxy = [json.loads(line) for line in open(soak_path)]
-db_start = json.load(open(sys.argv[4])) if len(sys.argv) > 4 else None
+db_start = json.load(open(sys.argv[4])) if len(sys.argv) > 4 and sys.argv[4] else None
 stages_start = json.load(open(sys.argv[5])) if len(sys.argv) > 5 and sys.argv[5] else None
 server = sys.argv[6] if len(sys.argv) > 6 and sys.argv[6] else "the server at DATABASE_URL"
 
@@ -97,6 +99,66 @@ if proxy and db_start and all("db" in d for d in proxy):
     print()
     print(f"- server settings: {json.dumps(proxy[-1]['db'].get('settings'), sort_keys=True)}")
     print(f"- the key table's storage parameters: {proxy[-1]['db'].get('reloptions')}")
+
+
+# The server's log, per minute (the throwaway cluster logs every checkpoint and every
+# autovacuum run): what each checkpoint and each vacuum of the key table cost, by the
+# minute it ended in — the proxy's minute m is the 60 s before its `end` (epoch seconds),
+# pgbench's counts from its first transaction, and its vacuums are of the seed's table.
+server_log = sys.argv[7] if len(sys.argv) > 7 and sys.argv[7] else None
+if proxy and server_log and all("end" in d for d in proxy):
+    import datetime
+    import re
+
+    entries = []
+    for line in open(server_log, errors="replace"):
+        head = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+) UTC \[\d+\] \w+:\s+(.*)", line)
+        if head:
+            at = datetime.datetime.strptime(head.group(1), "%Y-%m-%d %H:%M:%S.%f")
+            entries.append([at.replace(tzinfo=datetime.timezone.utc).timestamp(), head.group(2)])
+        elif entries and line.startswith("\t"):
+            entries[-1][1] += " " + line.strip()
+
+    def work(since, until, table):
+        """Checkpoints and vacuums of `table` that ended in (since, until]."""
+        ckpts, vacs = [], []
+        for at, text in entries:
+            if not since < at <= until:
+                continue
+            ckpt = re.search(r"checkpoint complete: wrote \d+ buffers.*total=([\d.]+) s.*distance=(\d+) kB", text)
+            if ckpt:
+                ckpts.append((float(ckpt.group(1)), int(ckpt.group(2)) / 1024))
+            if "automatic vacuum of table" in text and f".{table}\"" in text:
+                scanned = re.search(r"scanned \(([\d.]+)% of total\)", text)
+                wal = re.search(r"(\d+) full page images, (\d+) bytes", text)
+                elapsed = re.search(r"elapsed: ([\d.]+) s", text)
+                vacs.append((
+                    float(elapsed.group(1)) if elapsed else 0.0,
+                    float(scanned.group(1)) if scanned else 0.0,
+                    int(wal.group(1)) if wal else 0,
+                    int(wal.group(2)) / 1048576 if wal else 0.0,
+                ))
+        return ckpts, vacs
+
+    def cells(ckpts, vacs):
+        joined = lambda xs: " + ".join(xs) or "-"
+        return [
+            joined([f"{t:.0f} s, {mb:.0f} MB" for t, mb in ckpts]),
+            joined([f"{e:.0f} s, {s:.0f} %" for e, s, _, _ in vacs]),
+            f"{sum(w for *_, w in vacs):.0f} ({sum(f for _, _, f, _ in vacs)})" if vacs else "-",
+        ]
+
+    print()
+    print("The server's log per minute (what ended in it): each checkpoint (write + sync, WAL since the one")
+    print("before) and each autovacuum run of the key table — the proxy's, then the seed's in pgbench's minutes")
+    print("(elapsed, heap scanned), with the WAL vacuum wrote (full-page images):\n")
+    print("| minute | proxy: checkpoints | vacuums | vacuum WAL MB | pgbench: checkpoints | vacuums | vacuum WAL MB |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for d in proxy:
+        m = d["minute"]
+        ours = cells(*work(d["end"] - 60, d["end"], "idempotency_keys"))
+        seed = cells(*work(start + 60 * (m - 1), start + 60 * m, "idempotency")) if start else ["-"] * 3
+        print(f"| {m} | " + " | ".join(ours + seed) + " |")
 
 
 def histograms(before, now, name):
